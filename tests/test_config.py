@@ -1,0 +1,75 @@
+"""Hydra composition of conf/, overrides, and the entry point's errors."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from i2d2.config import CONF_DIR, ROOT
+
+
+def _compose(overrides=()):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def test_default_composition():
+    cfg = _compose()
+    assert cfg.iteration == 0 and cfg.task.name == "i2d2"
+    assert cfg.model.name == "packaged:gemma3-270m" and cfg.critic.name == "packaged:minilm"
+    assert cfg.trainer._target_ == "lightning.Trainer" and cfg.trainer.accelerator == "cpu"
+    assert cfg.logger._target_.endswith("WandbLogger")
+    assert cfg.decoding.beam_size == 10 and cfg.decoding.length_penalty == 0.1
+
+
+@pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "deepspeed_stage2", "deepspeed_stage3"])
+def test_trainer_options_resolve(trainer):
+    cfg = _compose([f"trainer={trainer}"])
+    OmegaConf.resolve(cfg)
+    if trainer.startswith("deepspeed"):
+        import json
+
+        ds = json.load(open(cfg.trainer.strategy.config))
+        assert ds["zero_optimization"]["stage"] == int(trainer[-1])
+
+
+def test_overrides_apply():
+    cfg = _compose(["iteration=3", "model=tiny_gpt2", "decoding.beam_size=4", "logger=csv", "seed=7"])
+    assert (cfg.iteration, cfg.model.name, cfg.decoding.beam_size, cfg.seed) == (3, "tiny:gpt2", 4, 7)
+    assert cfg.logger._target_.endswith("CSVLogger")
+
+
+def test_logger_none_builds_nothing():
+    from i2d2.tracking import build_logger
+
+    assert build_logger(_compose(["logger=none"]).logger) is None
+
+
+def test_wandb_is_offline_without_credentials(monkeypatch, tmp_path):
+    from i2d2.config import wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x")
+    assert wandb_mode() == "online"
+
+
+@pytest.mark.parametrize("bad", ["trainer=tpu", "nonexistent_key=1", "task=nope"])
+def test_bad_overrides_fail(bad):
+    with pytest.raises(ConfigCompositionException):
+        _compose([bad])
+
+
+def test_cli_prints_resolved_config_and_rejects_unknown_keys():
+    ok = subprocess.run([sys.executable, "-m", "i2d2.train", "--cfg", "job", "iteration=2"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "iteration: 2" in ok.stdout and "recipe:" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "i2d2.train", "--cfg", "job", "itteration=2"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode != 0 and "itteration" in bad.stderr
