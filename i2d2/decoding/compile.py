@@ -1,0 +1,341 @@
+"""Compile a batch of ConstraintSets into tensors: a word trie over fragment transitions, literal tables,
+clause/count tables and lookahead token paths.  Runs once per batch on the host; everything it returns
+lives on the decoder's device.
+
+Node ids: 0 = ROOT (at a word boundary), 1 = DEAD (inside a word no literal starts with), 2.. = trie nodes
+(a prefix of a literal word, any case variant).  Word ids: canonical literal words of the batch; an event
+value -1 means "no word completed", -2 "an irrelevant word completed".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .constraints import ConstraintSet, Literal, word_variants
+from .vocab import TokenTables
+
+ROOT, DEAD = 0, 1
+NO_EVENT, OTHER = -1, -2
+PAD_WORD = -3
+PAD_LEN = 1 << 20
+
+
+@dataclass
+class LitInfo:
+    text: str
+    words: tuple
+    clause: int  # -1: count-only literal
+    positive: bool
+    group: int  # count group or -1
+    dynamic: bool
+
+
+@dataclass
+class Compiled:
+    B: int
+    P: int
+    Cl: int
+    G: int
+    lits: list  # per row: list[LitInfo]
+    n_clauses: list  # per row: (#clauses, #dynamic)
+    # trie
+    keys: torch.Tensor  # sorted node*F+frag
+    vals: torch.Tensor
+    F: int
+    node_word: torch.Tensor  # [Nn]
+    node_depth: torch.Tensor  # [Nn]
+    Wc1: int
+    wtab: torch.Tensor  # [B, Wc+1, 2Cl+G] increments per completed word: clause pos hits | neg hits | groups
+    wlit: torch.Tensor  # [B, Wc+1, Cl] literal index a word satisfies per clause (-1)
+    Lph: int
+    ph_words: torch.Tensor  # [B, Lph, P]
+    ph_len: torch.Tensor
+    ph_gidx: torch.Tensor
+    ph_clause: torch.Tensor
+    ph_neg: torch.Tensor
+    ph_cl_pos: torch.Tensor  # [B, Lph, Cl] float
+    ph_cl_neg: torch.Tensor
+    ph_grp: torch.Tensor  # [B, Lph, G]
+    neg_total: torch.Tensor  # [B, Cl]
+    grp_max: torch.Tensor  # [B, G]
+    cl_valid: torch.Tensor  # [B, Cl]
+    cl_has_pos: torch.Tensor
+    cl_posmask: torch.Tensor  # int64 bit r = rank r allowed (0 = any)
+    cl_maxpos: torch.Tensor
+    cl_weight: torch.Tensor  # [Cl] int64 group-hash weights
+    # positive literals for lookahead / progress [B, Lp]
+    Lp: int
+    Pp: int
+    pos_words: torch.Tensor  # [B, Lp, Pp]
+    pos_len: torch.Tensor
+    pos_ph: torch.Tensor  # phrase index or -1
+    pos_valid: torch.Tensor
+    pos_clause: torch.Tensor
+    pos_dyn: torch.Tensor  # dynamic clause index (0-based among dynamic) or -1
+    pos_charlen: torch.Tensor  # [B, Lp, Pp+1]
+    node_prog: torch.Tensor  # [B, Nn, Cl] progress of single positive words per trie node
+    dyn_topk: torch.Tensor  # [B, D]
+    D: int
+    has_dyn: bool
+    dyn_kmax: list
+    # paths [Wc, 2, Tm]
+    path_tok: torch.Tensor
+    path_node: torch.Tensor
+    prefix_node: torch.Tensor  # [Wc, 2, Dmax+1]
+    words: list
+
+
+def _row_literals(cs: ConstraintSet) -> list[LitInfo]:
+    out = []
+    for ci, c in enumerate(cs.clauses):
+        for lit in c.literals:
+            out.append(LitInfo(lit.text, lit.words(), ci, lit.positive, -1, False))
+    nc = len(cs.clauses)
+    for di, d in enumerate(cs.dynamic):
+        seen = set()
+        for w in d.words:
+            key = Literal(w).words()
+            if key not in seen:
+                seen.add(key)
+                out.append(LitInfo(w, key, nc + di, True, -1, True))
+    # words forbidden on their own (count limit 0, or a one-literal negative clause): a forbidden phrase
+    # containing one of them can never occur without an earlier violation, so it needs no state of its own
+    banned = {Literal(w).words()[0] for g in cs.counts if int(g.max_count) == 0 for w in g.words
+              if len(Literal(w).words()) == 1}
+    banned |= {c.literals[0].words()[0] for c in cs.clauses
+               if len(c.literals) == 1 and not c.literals[0].positive and len(c.literals[0].words()) == 1}
+    for gi, g in enumerate(cs.counts):
+        seen = set()
+        for w in g.words:
+            key = Literal(w).words()
+            if key in seen:  # a word listed twice counts once per occurrence, not twice
+                continue
+            seen.add(key)
+            if int(g.max_count) == 0 and len(key) > 1 and any(x in banned for x in key):
+                continue
+            out.append(LitInfo(w, key, -1, True, gi, False))
+    return out
+
+
+def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, cache: dict | None = None) -> Compiled:
+    """``cache``: a dict kept by the caller across batches (per-word tokenizations and fragment splits)."""
+    cache = {} if cache is None else cache
+    B = len(css)
+    rows = [_row_literals(cs) for cs in css]
+    # ---- canonical words and the trie of their surface variants
+    words: dict[str, int] = {}
+    for r in rows:
+        for li in r:
+            for w in li.words:
+                words.setdefault(w, len(words))
+    wlist = list(words)
+    node_of = {"": ROOT}
+    node_word = [NO_EVENT, OTHER]
+    node_depth = [0, 0]
+    trans = {}
+    frag = tables.frag_ids
+    F = tables.num_frags
+
+    def node(s):
+        n = node_of.get(s)
+        if n is None:
+            n = node_of[s] = len(node_word)
+            node_word.append(OTHER)
+            node_depth.append(len(s))
+        return n
+
+    variants = []
+    for w in wlist:
+        vs = word_variants(w)
+        variants.append(vs)
+        for v in vs:
+            for j in range(1, len(v) + 1):
+                node(v[:j])
+            node_word[node_of[v]] = words[w]
+            splits = cache.get(("split", v))
+            if splits is None:
+                splits = cache[("split", v)] = [(i, j, frag[v[i:j]]) for i in range(len(v))
+                                                for j in range(i + 1, len(v) + 1) if v[i:j] in frag]
+            for i, j, f in splits:
+                trans[node_of[v[:i]] * F + f] = node_of[v[:j]]
+    items = sorted(trans.items())
+    keys = torch.tensor([k for k, _ in items] or [-1], dtype=torch.long)
+    vals = torch.tensor([v for _, v in items] or [DEAD], dtype=torch.long)
+
+    # ---- lookahead paths: the canonical tokenization of ' ' + variant
+    strings = tables.strings
+    paths = []
+    for wi, w in enumerate(wlist):
+        per = []
+        for v in (variants[wi] + variants[wi])[:2]:
+            ids = cache.get(("path", v))
+            for text, want in ((" " + v, " " + v), (v, v)) if ids is None else ():
+                enc = tok.encode(text, add_special_tokens=False)
+                if enc and "".join(strings[i] for i in enc if i < len(strings)) in (want, " " + v):
+                    ids = enc
+                    break
+            if ids is None:
+                enc = tok.encode(" " + v, add_special_tokens=False)
+                ids = enc[:1]  # at least propose how the word starts
+            cache[("path", v)] = ids
+            toks, nodes = [], []
+            cov = ""
+            alnum = v[:1].isalnum()
+            for t in ids:
+                cov += strings[t] if t < len(strings) else ""
+                toks.append(t)
+                pend = cov[1:] if cov.startswith(" ") else cov
+                nodes.append(node_of.get(pend, -5) if alnum and v.startswith(pend) else -5)
+            per.append((toks, nodes))
+        paths.append(per)
+    Tm = max([len(p[0]) for per in paths for p in per] or [1])
+    Wc = max(len(wlist), 1)
+    path_tok = np.full((Wc, 2, Tm), -1, dtype=np.int64)
+    path_node = np.full((Wc, 2, Tm), -5, dtype=np.int64)
+    Dmax = max([len(v) for vs in variants for v in vs] or [1])
+    prefix_node = np.full((Wc, 2, Dmax + 1), -5, dtype=np.int64)
+    for wi, per in enumerate(paths):
+        for vi, (toks, nodes) in enumerate(per):
+            path_tok[wi, vi, : len(toks)] = np.asarray(toks)
+            path_node[wi, vi, : len(nodes)] = np.asarray(nodes)
+            v = (variants[wi] + variants[wi])[vi]
+            for d in range(1, len(v) + 1):
+                prefix_node[wi, vi, d] = node_of[v[:d]]
+
+    # ---- literal / clause / count tables
+    # Single-word literals are aggregated through per-word increment tables (wtab); phrases and the negative
+    # literals of clauses with several negatives keep their own progress/occurrence state (ph_*).
+    ncl = [(len(cs.clauses), len(cs.dynamic)) for cs in css]
+    Cl = max([a + b for a, b in ncl] + [1])
+    G = max([len(cs.counts) for cs in css] + [1])
+    D = max([len(cs.dynamic) for cs in css] + [1])
+    Wc1 = len(wlist) + 1
+    X = 2 * Cl + G
+    wtab = np.zeros((B, Wc1, X), dtype=np.int64)
+    wlit = np.full((B, Wc1, Cl), -1, dtype=np.int64)
+    grp_max = np.full((B, G), PAD_LEN, dtype=np.int64)
+    cl_valid = np.zeros((B, Cl), dtype=bool)
+    cl_has_pos = np.zeros((B, Cl), dtype=bool)
+    cl_posmask = np.zeros((B, Cl), dtype=np.int64)
+    cl_maxpos = np.zeros((B, Cl), dtype=np.int64)
+    neg_total = np.zeros((B, Cl), dtype=np.int64)
+    dyn_topk = np.ones((B, D), dtype=np.int64)
+    phr_rows, pos_rows = [], []
+    for b, (cs, r) in enumerate(zip(css, rows)):
+        for ci, c in enumerate(list(cs.clauses) + list(cs.dynamic)):
+            cl_valid[b, ci] = True
+            if c.positions:
+                m = 0
+                for q in c.positions:
+                    m |= 1 << int(q)
+                cl_posmask[b, ci] = m
+                cl_maxpos[b, ci] = max(int(q) for q in c.positions)
+        for di, d in enumerate(cs.dynamic):
+            dyn_topk[b, di] = int(d.top_k)
+        for gi, g in enumerate(cs.counts):
+            grp_max[b, gi] = int(g.max_count)
+        nneg = {}
+        for li in r:
+            if li.clause >= 0 and not li.positive:
+                nneg[li.clause] = nneg.get(li.clause, 0) + 1
+        phr, pos = [], []
+        for li_idx, li in enumerate(r):
+            if li.clause >= 0 and not li.positive:
+                neg_total[b, li.clause] += 1
+            if li.clause >= 0 and li.positive:
+                cl_has_pos[b, li.clause] = True
+                pos.append(li_idx)
+            if len(li.words) > 1 or (li.clause >= 0 and not li.positive and nneg[li.clause] > 1):
+                phr.append(li_idx)
+                continue
+            w = words[li.words[0]]
+            if li.group >= 0:
+                wtab[b, w, 2 * Cl + li.group] += 1
+            elif li.positive:
+                wtab[b, w, li.clause] += 1
+                if wlit[b, w, li.clause] < 0:
+                    wlit[b, w, li.clause] = li_idx
+            else:
+                wtab[b, w, Cl + li.clause] += 1
+        phr_rows.append(phr)
+        pos_rows.append(pos)
+    Lph = max(len(x) for x in phr_rows)
+    P = max([len(r[i].words) for r, ph in zip(rows, phr_rows) for i in ph] + [1])
+    ph_words = np.full((B, max(Lph, 1), P), PAD_WORD, dtype=np.int64)
+    ph_len = np.full((B, max(Lph, 1)), PAD_LEN, dtype=np.int64)
+    ph_gidx = np.full((B, max(Lph, 1)), -1, dtype=np.int64)
+    ph_clause = np.full((B, max(Lph, 1)), -1, dtype=np.int64)
+    ph_neg = np.zeros((B, max(Lph, 1)), dtype=bool)
+    ph_cl_pos = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
+    ph_cl_neg = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
+    ph_grp = np.zeros((B, max(Lph, 1), G), dtype=np.float32)
+    for b, (r, phr) in enumerate(zip(rows, phr_rows)):
+        for k, li_idx in enumerate(phr):
+            li = r[li_idx]
+            ph_words[b, k, : len(li.words)] = np.asarray([words[w] for w in li.words])
+            ph_len[b, k] = len(li.words)
+            ph_gidx[b, k] = li_idx
+            ph_clause[b, k] = li.clause
+            if li.group >= 0:
+                ph_grp[b, k, li.group] = 1
+            elif li.positive:
+                ph_cl_pos[b, k, li.clause] = 1
+            else:
+                ph_cl_neg[b, k, li.clause] = 1
+                ph_neg[b, k] = True
+    # positive literals: lookahead and progress
+    Lp = max([len(x) for x in pos_rows] + [1])
+    Pp = max([len(r[i].words) for r, ps in zip(rows, pos_rows) for i in ps] + [1])
+    pos_words = np.full((B, Lp, Pp), PAD_WORD, dtype=np.int64)
+    pos_len = np.full((B, Lp), PAD_LEN, dtype=np.int64)
+    pos_ph = np.full((B, Lp), -1, dtype=np.int64)
+    pos_valid = np.zeros((B, Lp), dtype=bool)
+    pos_clause = np.zeros((B, Lp), dtype=np.int64)
+    pos_dyn = np.full((B, Lp), -1, dtype=np.int64)
+    pos_charlen = np.zeros((B, Lp, Pp + 1), dtype=np.float32)
+    Nn = len(node_word)
+    node_prog = np.zeros((B, Nn, Cl), dtype=np.float32)
+    for b, (cs, r, ps, phr) in enumerate(zip(css, rows, pos_rows, phr_rows)):
+        nc = len(cs.clauses)
+        phpos = {li_idx: k for k, li_idx in enumerate(phr)}
+        for k, li_idx in enumerate(ps):
+            li = r[li_idx]
+            pos_words[b, k, : len(li.words)] = np.asarray([words[w] for w in li.words])
+            pos_len[b, k] = len(li.words)
+            pos_ph[b, k] = phpos.get(li_idx, -1)
+            pos_valid[b, k] = True
+            pos_clause[b, k] = li.clause
+            if li.dynamic:
+                pos_dyn[b, k] = li.clause - nc
+            acc = 0.0
+            for j, w in enumerate(li.words):
+                pos_charlen[b, k, j] = acc
+                acc += len(w)
+            pos_charlen[b, k, len(li.words):] = acc
+            if len(li.words) == 1:  # progress of a single word = matched prefix / word length
+                for v in word_variants(li.words[0]):
+                    for dd in range(1, len(v) + 1):
+                        n = node_of.get(v[:dd])
+                        if n is not None:
+                            node_prog[b, n, li.clause] = max(node_prog[b, n, li.clause], dd / len(v))
+    gen = torch.Generator().manual_seed(1234)
+    cl_weight = torch.randint(1, 1 << 58, (Cl,), generator=gen, dtype=torch.long)
+    if Cl <= 58:
+        cl_weight = 2 ** torch.arange(Cl, dtype=torch.long)
+    dv = lambda t: torch.as_tensor(t).to(device)  # noqa: E731
+    return Compiled(
+        B=B, P=P, Cl=Cl, G=G, lits=rows, n_clauses=ncl, keys=dv(keys), vals=dv(vals), F=F,
+        node_word=dv(torch.tensor(node_word)), node_depth=dv(torch.tensor(node_depth)),
+        Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_words=dv(ph_words), ph_len=dv(ph_len),
+        ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),
+        ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp), neg_total=dv(neg_total), grp_max=dv(grp_max),
+        cl_valid=dv(cl_valid), cl_has_pos=dv(cl_has_pos), cl_posmask=dv(cl_posmask), cl_maxpos=dv(cl_maxpos),
+        cl_weight=dv(cl_weight), Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph),
+        pos_valid=dv(pos_valid), pos_clause=dv(pos_clause), pos_dyn=dv(pos_dyn), pos_charlen=dv(pos_charlen),
+        node_prog=dv(node_prog), dyn_topk=dv(dyn_topk), D=D, has_dyn=bool((pos_dyn >= 0).any()),
+        dyn_kmax=[int(x) for x in dyn_topk.max(0)], path_tok=dv(path_tok), path_node=dv(path_node),
+        prefix_node=dv(prefix_node), words=wlist,
+    )

@@ -1,0 +1,197 @@
+"""Constraint objects for NeuroLogic decoding and their validation.
+
+Matching semantics (shared by the decoder and documented for users):
+
+* Text is split into *words*: maximal runs of letters/digits; every other non-space character
+  (punctuation, symbols) is a one-character word; whitespace only separates.
+* A literal is a phrase = a sequence of such words.  It occurs in a text when its words occur as
+  consecutive words.  Each word also matches with its first letter upper- or lower-cased
+  ("the" matches "The"), never as part of a longer word ("the" does not match "there").
+* Only the generated continuation is searched; the prompt never counts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+WORD_RE = re.compile(r"[^\W_]+|[^\s]", re.UNICODE)  # a letter/digit run, or any single non-space char
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be decoded (empty phrase, contradiction, ...); the message names the clause."""
+
+
+def split_words(text: str) -> list[str]:
+    """Words of ``text`` per the matching semantics above."""
+    return WORD_RE.findall(text)
+
+
+def canonical_word(word: str) -> str:
+    """The case-folded key of a word: first character lower-cased (``The`` and ``the`` are one word)."""
+    return word[:1].lower() + word[1:]
+
+
+def word_variants(word: str) -> list[str]:
+    """Surface forms a literal word matches: lower-case first letter and capitalised first letter."""
+    c = canonical_word(word)
+    out = [c]
+    cap = c[:1].upper() + c[1:]
+    if cap != c:
+        out.append(cap)
+    return out
+
+
+@dataclass(frozen=True)
+class Literal:
+    text: str
+    positive: bool = True
+
+    def words(self) -> tuple[str, ...]:
+        return tuple(canonical_word(w) for w in split_words(self.text))
+
+
+@dataclass
+class Clause:
+    """An OR of literals; ``positions``: allowed 1-based ranks in the order clauses get satisfied (NC A.3)."""
+
+    literals: list[Literal]
+    positions: list[int] | None = None
+    name: str | None = None
+
+
+@dataclass
+class CountConstraint:
+    """count(occurrences of any of ``words``) <= ``max_count`` (0 forbids them all)."""
+
+    words: list[str]
+    max_count: int
+    name: str | None = None
+
+
+@dataclass
+class DynamicClause:
+    """A positive clause whose literals are, at every step, the ``top_k`` words of ``words`` that the model
+    currently finds most likely (NeuroComparatives' comparative-adjective constraint)."""
+
+    words: list[str]
+    top_k: int = 5
+    positions: list[int] | None = None
+    name: str | None = None
+
+
+def _lit(d) -> Literal:
+    if isinstance(d, Literal):
+        return d
+    if isinstance(d, str):
+        return Literal(d)
+    if isinstance(d, (list, tuple)):
+        return Literal(d[0], bool(d[1]) if len(d) > 1 else True)
+    return Literal(d["text"], bool(d.get("positive", True)))
+
+
+@dataclass
+class ConstraintSet:
+    clauses: list[Clause] = field(default_factory=list)
+    counts: list[CountConstraint] = field(default_factory=list)
+    dynamic: list[DynamicClause] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "clauses": [{"literals": [asdict(l) for l in c.literals], "positions": c.positions, "name": c.name}
+                        for c in self.clauses],
+            "counts": [asdict(c) for c in self.counts],
+            "dynamic": [asdict(d) for d in self.dynamic],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "ConstraintSet":
+        if d is None:
+            return cls()
+        if isinstance(d, ConstraintSet):
+            return d
+        unknown = set(d) - {"clauses", "counts", "dynamic"}
+        if unknown:
+            raise ConstraintError(f"ConstraintSet.from_dict: unknown keys {sorted(unknown)}")
+        clauses = [Clause([_lit(l) for l in c["literals"]], c.get("positions"), c.get("name"))
+                   for c in d.get("clauses") or []]
+        counts = [CountConstraint(list(c["words"]), int(c["max_count"]), c.get("name")) for c in d.get("counts") or []]
+        dynamic = [DynamicClause(list(c["words"]), int(c.get("top_k", 5)), c.get("positions"), c.get("name"))
+                   for c in d.get("dynamic") or []]
+        return cls(clauses, counts, dynamic)
+
+    def labels(self) -> list[str]:
+        """Names used for clauses then dynamic clauses (the order of Generation.satisfied)."""
+        out = [c.name or f"clause {i} ({' OR '.join(('' if l.positive else 'NOT ') + repr(l.text) for l in c.literals)})"
+               for i, c in enumerate(self.clauses)]
+        out += [d.name or f"dynamic clause {i}" for i, d in enumerate(self.dynamic)]
+        return out
+
+
+def validate(cs: ConstraintSet, encode=None, where: str = "") -> None:
+    """Raise ConstraintError naming the clause for malformed constraints.
+
+    ``encode(text) -> list[int]`` (the tokenizer) checks that every phrase tokenizes to something.
+    """
+    pre = f"{where}: " if where else ""
+    labels = cs.labels()
+
+    def check_text(text, label, kind="literal"):
+        if not isinstance(text, str) or not text.strip():
+            raise ConstraintError(f"{pre}{label}: empty {kind} {text!r}")
+        if not split_words(text):
+            raise ConstraintError(f"{pre}{label}: {kind} {text!r} has no words")
+        if encode is not None and len(encode(" " + text.strip())) == 0:
+            raise ConstraintError(f"{pre}{label}: {kind} {text!r} tokenizes to nothing")
+
+    for i, c in enumerate(cs.clauses):
+        if not c.literals:
+            raise ConstraintError(f"{pre}{labels[i]}: clause has no literals")
+        for l in c.literals:
+            check_text(l.text, labels[i])
+        _check_positions(c.positions, f"{pre}{labels[i]}")
+    for j, c in enumerate(cs.counts):
+        label = c.name or f"count constraint {j}"
+        if not c.words:
+            raise ConstraintError(f"{pre}{label}: no words")
+        if int(c.max_count) < 0:
+            raise ConstraintError(f"{pre}{label}: max_count must be >= 0, got {c.max_count}")
+        for w in c.words:
+            check_text(w, label, "word")
+    for j, d in enumerate(cs.dynamic):
+        label = labels[len(cs.clauses) + j]
+        if not d.words:
+            raise ConstraintError(f"{pre}{label}: no words")
+        if int(d.top_k) < 1:
+            raise ConstraintError(f"{pre}{label}: top_k must be >= 1, got {d.top_k}")
+        for w in d.words:
+            check_text(w, label, "word")
+        _check_positions(d.positions, f"{pre}{label}")
+    # the same literal both required and forbidden
+    required = {}
+    for i, c in enumerate(cs.clauses):
+        if len(c.literals) == 1 and c.literals[0].positive:
+            required.setdefault(c.literals[0].words(), labels[i])
+    for i, c in enumerate(cs.clauses):
+        if len(c.literals) == 1 and not c.literals[0].positive and c.literals[0].words() in required:
+            raise ConstraintError(f"{pre}{labels[i]}: literal {c.literals[0].text!r} is forbidden here but required "
+                                  f"by {required[c.literals[0].words()]}")
+        words = [l.words() for l in c.literals]
+        pos = {w for w, l in zip(words, c.literals) if l.positive}
+        neg = {w for w, l in zip(words, c.literals) if not l.positive}
+        if pos & neg:  # (A or not A) is a tautology: almost surely a mistake
+            raise ConstraintError(f"{pre}{labels[i]}: the same literal is both required and forbidden in one clause")
+    for j, c in enumerate(cs.counts):
+        if int(c.max_count) == 0:
+            for w in c.words:
+                key = Literal(w).words()
+                if key in required:
+                    raise ConstraintError(f"{pre}{c.name or f'count constraint {j}'}: word {w!r} is forbidden "
+                                          f"(max_count=0) but required by {required[key]}")
+
+
+def _check_positions(pos, label):
+    if pos is None:
+        return
+    if not isinstance(pos, (list, tuple)) or not pos or any(int(p) < 1 or int(p) > 62 for p in pos):
+        raise ConstraintError(f"{label}: positions must be a non-empty list of ints in 1..62, got {pos!r}")

@@ -1,0 +1,629 @@
+"""Tensorized NeuroLogic decoding (Lu et al., 2021) with the I2D2 / NeuroComparatives extensions.
+
+Every hypothesis carries its constraint state as tensors on the model's device: the word-automaton node,
+per-literal phrase progress and occurrence counts, the rank at which each clause was satisfied.  One step:
+
+1. candidates = top tokens of each hypothesis + lookahead tokens that advance a pending positive phrase
+   (for dynamic clauses only the top-k words by the current next-token probability), lookahead tokens
+   below the ``prune_factor``-th best token of their hypothesis are dropped;
+2. the automaton is advanced for all candidates at once (sorted-key lookups, no per-beam Python);
+3. candidates that irreversibly violate a clause / count limit / order are pruned, the rest are kept when
+   within ``sat_tolerance`` of the best number of satisfied clauses of their prompt;
+4. kept candidates are grouped by their set of satisfied clauses and the beam is filled round-robin
+   across groups (best first inside a group by log-prob + beta * progress of the longest partial phrase);
+   a candidate whose pending (unfinished) word would break a limit once completed ranks after the safe
+   ones, since words are only known to be complete at the next separator;
+5. EOS candidates in the selection finish their hypothesis (EOS is blocked until positive clauses are met
+   when ``block_eos_until_satisfied``); finished hypotheses are ranked by (all satisfied, S) with
+   S = logprob / num_tokens ** length_penalty.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .compile import DEAD, NO_EVENT, Compiled, compile_batch
+from .constraints import ConstraintError, ConstraintSet, validate
+from .vocab import token_tables
+
+NEG = float("-inf")
+
+
+@dataclass
+class DecodingConfig:
+    beam_size: int = 10
+    num_return: int = 10
+    max_new_tokens: int = 30
+    min_new_tokens: int = 2
+    length_penalty: float = 0.1
+    no_repeat_ngram_size: int = 0
+    prune_factor: int = 50
+    sat_tolerance: int = 2
+    beta: float = 0.0
+    block_eos_until_satisfied: bool = True
+    early_stopping: bool = True
+    batch_size: int = 8
+    candidates_per_beam: int | None = None  # top tokens per hypothesis (default 2 * beam_size)
+    lookahead: int | None = None  # lookahead tokens per hypothesis (default beam_size)
+    # A hypothesis also ends after a token whose text contains one of these (e.g. "." so that a generic or a
+    # comparative is one sentence); it is subject to min_new_tokens and EOS blocking like EOS itself.
+    stop_strings: list | None = None
+
+    def __post_init__(self):
+        for k in ("beam_size", "num_return", "max_new_tokens", "batch_size", "prune_factor"):
+            if int(getattr(self, k)) < 1:
+                raise ValueError(f"DecodingConfig.{k} must be >= 1, got {getattr(self, k)!r}")
+        if self.min_new_tokens < 0 or self.sat_tolerance < 0 or self.no_repeat_ngram_size < 0:
+            raise ValueError("DecodingConfig: min_new_tokens, sat_tolerance, no_repeat_ngram_size must be >= 0")
+
+
+@dataclass
+class Generation:
+    text: str
+    score: float
+    logprob: float
+    num_tokens: int
+    satisfied: list = field(default_factory=list)
+    all_satisfied: bool = True
+    matched: list = field(default_factory=list)
+
+
+class _State:
+    """Per-hypothesis tensors ([N, ...], N = prompts x beam)."""
+
+    __slots__ = ("node", "ph_prog", "ph_occ", "cpos", "cneg", "gcnt", "cmatch", "crank", "rctr", "cbad", "sat")
+
+    def take(self, idx, n_flat):
+        """Select rows ``idx`` of the candidate-level state flattened to ``n_flat`` rows."""
+        out = {}
+        for k in self.__slots__:
+            v = getattr(self, k)
+            out[k] = None if v is None else v.reshape(n_flat, *v.shape[2:])[idx]
+        return _State(**out)
+
+    def __init__(self, **kw):
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+class NeuroLogicDecoder:
+    def __init__(self, model, tokenizer, config: DecodingConfig | dict | None = None):
+        if isinstance(config, dict):
+            config = DecodingConfig(**config)
+        self.cfg = config or DecodingConfig()
+        self.model = model.eval()
+        self.tok = tokenizer
+        self.device = next(model.parameters()).device
+        self.is_s2s = bool(getattr(model.config, "is_encoder_decoder", False))
+        head = model.get_output_embeddings()
+        self.vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+        gc = getattr(model, "generation_config", None)
+        eos = getattr(gc, "eos_token_id", None) if gc is not None else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.tables = token_tables(tokenizer, self.vocab, eos)
+        if not self.tables.eos_ids:
+            raise ValueError("NeuroLogicDecoder: the tokenizer/model defines no EOS token")
+        T = self.tables
+        V = self.vocab
+        d = self.device
+        self.t_hassep = T.has_sep[:V].to(d)
+        self.t_lead = T.lead[:V].to(d)
+        self.t_tail = T.tail[:V].to(d)
+        self.t_inner = T.inner[:V].to(d)
+        self.t_ninner = (T.inner[:V] != 0).sum(-1).to(d)
+        self.bias = torch.zeros(V, device=d)
+        self.bias[T.banned[:V].to(d)] = NEG
+        self.eos_ids = torch.tensor(T.eos_ids, device=d)
+        self.is_eos_v = torch.zeros(V, dtype=torch.bool, device=d)
+        self.is_eos_v[self.eos_ids] = True
+        self.is_end_v = self.is_eos_v.clone()  # tokens that finish a hypothesis
+        if self.cfg.stop_strings:
+            stops = tuple(self.cfg.stop_strings)
+            ends = torch.tensor([any(x in s for x in stops) for s in T.strings[:V]], dtype=torch.bool)
+            # only tokens that end on a separator: ".The" would leave a word pending
+            self.is_end_v[: ends.shape[0]] |= (ends & (T.tail[: ends.shape[0]] == 0) & ~T.banned[: ends.shape[0]]).to(d)
+        fwd = inspect.signature(model.forward).parameters
+        self._pos_ids = "position_ids" in fwd and not self.is_s2s
+        self._cache = {}  # per-word tokenizations / fragment splits, reused across batches
+
+    # ------------------------------------------------------------------ public
+    def decode(self, prompts: list[str], constraints: list[ConstraintSet | dict | None],
+               progress: bool = False) -> list[list[Generation]]:
+        if len(prompts) != len(constraints):
+            raise ValueError(f"decode: {len(prompts)} prompts but {len(constraints)} constraint sets")
+        css = []
+        def enc(text):
+            ids = self._cache.get(("enc", text))
+            if ids is None:
+                ids = self._cache[("enc", text)] = self.tok.encode(text, add_special_tokens=False)
+            return ids
+
+        for i, c in enumerate(constraints):
+            cs = ConstraintSet.from_dict(c) if not isinstance(c, ConstraintSet) else c
+            validate(cs, enc, where=f"prompt {i}")
+            css.append(cs)
+        bs = self.cfg.batch_size
+        chunks = range(0, len(prompts), bs)
+        if progress:
+            from tqdm.auto import tqdm
+
+            chunks = tqdm(chunks, desc="neurologic", unit="batch")
+        out = []
+        for s in chunks:
+            out.extend(self._decode_batch(list(prompts[s: s + bs]), css[s: s + bs]))
+        return out
+
+    # ------------------------------------------------------------------ model plumbing
+    def _prefill(self, prompts, K):
+        tok, d = self.tok, self.device
+        old = tok.padding_side
+        tok.padding_side = "right" if self.is_s2s else "left"
+        try:
+            enc = tok(prompts, return_tensors="pt", padding=True)
+        finally:
+            tok.padding_side = old
+        ids, am = enc["input_ids"].to(d), enc["attention_mask"].to(d)
+        if ids.shape[1] == 0 or (am.sum(-1) == 0).any():  # an empty prompt: start from BOS (or EOS)
+            start = tok.bos_token_id if tok.bos_token_id is not None else self.tables.eos_ids[0]
+            col = torch.full((ids.shape[0], 1), start, device=d, dtype=ids.dtype)
+            ids = torch.cat([ids, col], 1) if not self.is_s2s else torch.cat([col, ids], 1)
+            am = torch.cat([am, torch.ones_like(col)], 1) if not self.is_s2s else torch.cat([torch.ones_like(col), am], 1)
+        B = ids.shape[0]
+        rep = torch.arange(B, device=d).repeat_interleave(K)
+        if self.is_s2s:
+            from transformers.modeling_outputs import BaseModelOutput
+
+            enc_out = self.model.get_encoder()(input_ids=ids, attention_mask=am)
+            hidden = enc_out.last_hidden_state[rep]
+            self._enc = BaseModelOutput(last_hidden_state=hidden)
+            am = am[rep]
+            start = self.model.config.decoder_start_token_id
+            if start is None:
+                start = getattr(getattr(self.model.config, "decoder", None), "bos_token_id", None) or tok.bos_token_id
+            dec = torch.full((B * K, 1), int(start), device=d, dtype=torch.long)
+            out = self.model(encoder_outputs=self._enc, attention_mask=am, decoder_input_ids=dec, use_cache=True)
+            return out.logits[:, -1, :], out.past_key_values, am, None
+        kw = {}
+        if self._pos_ids:
+            kw["position_ids"] = (am.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=am, use_cache=True, **kw)
+        cache = out.past_key_values
+        cache.reorder_cache(rep)
+        logits = out.logits[:, -1, :][rep]
+        am = am[rep]
+        return logits, cache, am, am.sum(-1)
+
+    def _forward(self, tokens, cache, am, pos):
+        if self.is_s2s:
+            out = self.model(encoder_outputs=self._enc, attention_mask=am, decoder_input_ids=tokens[:, None],
+                             past_key_values=cache, use_cache=True)
+        else:
+            kw = {"position_ids": pos[:, None]} if self._pos_ids else {}
+            out = self.model(input_ids=tokens[:, None], attention_mask=am, past_key_values=cache, use_cache=True, **kw)
+        return out.logits[:, -1, :], out.past_key_values
+
+    # ------------------------------------------------------------------ automaton
+    def _lookup(self, cp: Compiled, n, f):
+        key = n * cp.F + f
+        idx = torch.searchsorted(cp.keys, key).clamp(max=cp.keys.numel() - 1)
+        found = cp.keys[idx] == key
+        res = torch.where(found, cp.vals[idx], torch.full_like(n, DEAD))
+        res = torch.where(n == DEAD, torch.full_like(n, DEAD), res)
+        return torch.where(f == 0, n, res)
+
+    def _advance(self, cp: Compiled, lt, st: _State, cand, step: int, final: bool):
+        """Advance the constraint state of every (hypothesis, candidate token) pair."""
+        N, C = cand.shape
+        Cl = cp.Cl
+        n0 = st.node[:, None].expand(N, C)
+        hs = self.t_hassep[cand]
+        ext = self._lookup(cp, n0, self.t_lead[cand])
+        events = [torch.where(hs, cp.node_word[ext], torch.full_like(ext, NO_EVENT))]
+        root = torch.zeros_like(n0)
+        node = torch.where(hs, self._lookup(cp, root, self.t_tail[cand]), ext)
+        ni = int(self.t_ninner[cand].max()) if self.t_inner.shape[1] else 0
+        if ni:
+            inner = self.t_inner[cand][..., :ni]
+            iw = cp.node_word[self._lookup(cp, root[..., None].expand_as(inner), inner)]
+            events.extend(iw.unbind(-1))
+        if final:
+            is_eos = self.is_eos_v[cand]
+            events.append(torch.where(is_eos, torch.full_like(node, NO_EVENT), cp.node_word[node]))
+            node = root
+        # single-word literals: per-word increment tables
+        inc = None
+        cmatch = st.cmatch[:, None, :]
+        wl = cp.Wc1 - 1
+        for ev in events:
+            uidx = torch.where(ev >= 0, ev, torch.full_like(ev, wl)) + lt["rowoff"]
+            d = lt["wtab"][uidx]
+            inc = d if inc is None else inc + d
+            cmatch = torch.where(cmatch < 0, lt["wlit"][uidx], cmatch)
+        cpos = st.cpos[:, None, :] + inc[..., :Cl]
+        cneg = st.cneg[:, None, :] + inc[..., Cl:2 * Cl]
+        gcnt = st.gcnt[:, None, :] + inc[..., 2 * Cl:]
+        # phrases (and negatives of clauses with several negatives): per-literal progress
+        if cp.Lph:
+            Lph, P = cp.Lph, cp.P
+            prog0 = st.ph_prog[:, None, :].expand(N, C, Lph)
+            occ0 = st.ph_occ[:, None, :].expand(N, C, Lph)
+            prog, occ = prog0, occ0
+            first = lt["ph_first"]
+            for ev in events:
+                nextw = lt["ph_words"].expand(N, C, Lph * P).gather(2, lt["ph_lidx"] + prog) if P > 1 else first
+                u = ev[..., None]
+                has = u != NO_EVENT
+                prog = torch.where(has, torch.where(nextw == u, prog + 1, (first == u).long()), prog)
+                comp = has & (prog >= lt["ph_len"])
+                occ = occ + comp.long()
+                prog = torch.where(comp, torch.zeros_like(prog), prog)
+            B, K = cp.B, N // cp.B
+            newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
+            cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
+            cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
+            gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
+            nl = newly.reshape(N, C, Lph) > 0
+            for c in range(Cl):  # literal that satisfied clause c (phrase case)
+                m = nl & (lt["ph_clause"] == c) & ~lt["ph_neg"]
+                li = torch.where(m, lt["ph_gidx"], torch.full_like(prog, -1)).max(-1).values
+                cmatch[..., c] = torch.where(cmatch[..., c] < 0, li, cmatch[..., c])
+            ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
+        else:
+            ph_prog = ph_occ = None
+        # clause level
+        pos_hit = cpos > 0
+        neg_absent = (lt["neg_total"] - cneg) > 0
+        count_viol = (gcnt > lt["grp_max"]).any(-1)
+        crank = st.crank[:, None, :]
+        newly = pos_hit & (crank == 0) & lt["cl_valid"]
+        rank = st.rctr[:, None, None] + newly.long().cumsum(-1)
+        pm = lt["cl_posmask"]
+        allowed = (pm == 0) | (((pm >> rank.clamp(max=62)) & 1) == 1)
+        bad_new = newly & ~allowed
+        crank = torch.where(newly, rank, crank.expand_as(newly))
+        rctr = st.rctr[:, None] + newly.long().sum(-1)
+        cbad = st.cbad[:, None, :] | bad_new
+        sat = (pos_hit & ~cbad) | neg_absent
+        mp = lt["cl_maxpos"]
+        passed = lt["cl_has_pos"] & ~sat & (mp > 0) & (mp <= rctr[..., None])
+        valid_cl = lt["cl_valid"]
+        violated = (valid_cl & ~lt["cl_has_pos"] & ~sat).any(-1) | count_viol | bad_new.any(-1) | passed.any(-1)
+        satv = sat & valid_cl
+        if not final:
+            # a candidate whose pending word would violate a limit once completed is a likely dead end
+            w_end = cp.node_word[node]
+            d = lt["wtab"][torch.where(w_end >= 0, w_end, torch.full_like(w_end, wl)) + lt["rowoff"]]
+            risky = ((gcnt + d[..., 2 * Cl:]) > lt["grp_max"]).any(-1) | (
+                valid_cl & ~lt["cl_has_pos"] & sat & ((lt["neg_total"] - cneg - d[..., Cl:2 * Cl]) <= 0)).any(-1)
+        else:
+            risky = torch.zeros_like(count_viol)
+        pos_ok = (satv | ~lt["cl_has_pos"] | ~valid_cl).all(-1)
+        all_sat = (satv | ~valid_cl).all(-1) & ~count_viol
+        new = _State(node=node, ph_prog=ph_prog, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
+                     cneg=cneg.clamp(max=1 << 20), gcnt=gcnt.clamp(max=1 << 20), cmatch=cmatch.expand(N, C, Cl),
+                     crank=crank, rctr=rctr, cbad=cbad, sat=satv)
+        return new, violated, pos_ok, all_sat, risky
+
+    def _progress(self, cp: Compiled, lt, st: _State):
+        """beta's reward: matched fraction of the longest partly matched positive literal of an unsatisfied clause."""
+        N, C = st.node.shape
+        unsat_cl = ~st.sat & lt["cl_has_pos"]
+        single = cp.node_prog.reshape(-1, cp.Cl)[st.node + lt["nodeoff"]]  # [N, C, Cl]
+        best = torch.where(unsat_cl, single, torch.zeros_like(single)).max(-1).values
+        if cp.Lph and lt["has_pos_phrase"]:
+            Lp = cp.Lp
+            ph = lt["pos_ph"]  # [N,1,Lp]
+            prog = torch.where(ph >= 0, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp)), torch.zeros_like(ph))
+            words = lt["pos_words"].expand(N, C, Lp * cp.Pp).gather(2, lt["pos_lidx"] + prog.clamp(max=cp.Pp - 1))
+            depth = cp.node_depth[st.node].clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
+            w = words.clamp(min=0)
+            on = torch.zeros_like(prog, dtype=torch.bool)
+            for v in range(2):
+                on |= cp.prefix_node[w, v, depth] == st.node[..., None]
+            on &= words >= 0
+            cl = lt["pos_charlen"].expand(N, C, -1, -1)
+            done = cl.gather(3, prog[..., None]).squeeze(-1) + torch.where(on, depth.float(), torch.zeros_like(depth.float()))
+            frac = done / cl[..., -1].clamp(min=1)
+            unsat = ~st.sat.gather(2, lt["pos_clause"].expand(N, C, Lp)) & (ph >= 0)
+            best = torch.maximum(best, torch.where(unsat, frac, torch.zeros_like(frac)).max(-1).values)
+        return best
+
+    def _lookahead(self, cp: Compiled, lt, st: _State, lp, A: int, thresh):
+        N = lp.shape[0]
+        Lp = cp.Lp
+        ph = lt["pos_ph2"]
+        if cp.Lph:
+            prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), torch.zeros_like(ph))
+        else:
+            prog = torch.zeros_like(ph)
+        wflat = lt["pos_words2"]
+        words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1))
+        # the pending word already spells the next literal word: propose the word after it
+        pend_done = cp.node_word[st.node][:, None] == words
+        prog = prog + pend_done.long()
+        live = prog < lt["pos_len2"]
+        words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
+        ptok = cp.path_tok[words]  # [N, Lp, 2, Tm]
+        pnode = cp.path_node[words]
+        start = ptok[..., 0]  # [N, Lp, 2]
+        if ptok.shape[-1] > 1:
+            eq = pnode[..., :-1] == st.node[:, None, None, None]
+            cont = torch.where(eq & (ptok[..., 1:] >= 0), ptok[..., 1:], torch.full_like(ptok[..., 1:], -1)).max(-1).values
+        else:
+            cont = torch.full_like(start, -1)
+        cont = torch.where(pend_done[..., None], torch.full_like(cont, -1), cont)
+        unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
+        dyn = lt["pos_dyn2"]
+        in_prog = (prog > 0) | (cont >= 0).any(-1)
+        if cp.has_dyn:
+            sc = lp.gather(1, start[..., 0].clamp(min=0))  # [N, Lp]
+            promoted = torch.zeros_like(unsat)
+            for dci in range(cp.D):
+                m = dyn == dci
+                s = torch.where(m, sc, torch.full_like(sc, NEG))
+                kmax = cp.dyn_kmax[dci]
+                kk = min(kmax, cp.Lp)
+                top = s.topk(kk, dim=1).values
+                kth = top.gather(1, (lt["dyn_topk"][:, dci:dci + 1] - 1).clamp(max=kk - 1))
+                promoted |= m & (s >= kth) & torch.isfinite(s)
+            start_ok = unsat & ((dyn < 0) | promoted)
+        else:
+            start_ok = unsat
+        cont_ok = unsat & in_prog
+        toks = torch.cat([torch.where(start_ok[..., None], start, torch.full_like(start, -1)),
+                          torch.where(cont_ok[..., None], cont, torch.full_like(cont, -1))], -1).reshape(N, -1)
+        good = toks >= 0
+        tlp = lp.gather(1, toks.clamp(min=0))
+        good &= tlp >= thresh[:, None]
+        tlp = torch.where(good, tlp, torch.full_like(tlp, NEG))
+        a = min(A, tlp.shape[1])
+        v, i = tlp.topk(a, dim=1)
+        return toks.gather(1, i), torch.isfinite(v)
+
+    # ------------------------------------------------------------------ search
+    def _decode_batch(self, prompts, css):
+        cfg, d = self.cfg, self.device
+        K = cfg.beam_size
+        R = cfg.num_return
+        B = len(prompts)
+        N = B * K
+        T_max = cfg.max_new_tokens
+        cp = compile_batch(css, self.tables, self.tok, d, self._cache)
+        Cl, Lph = cp.Cl, cp.Lph
+        rep = torch.arange(B, device=d).repeat_interleave(K)
+        lt = {  # per-hypothesis views of the per-prompt tables
+            "rowoff": (rep * cp.Wc1)[:, None],
+            "nodeoff": (rep * cp.node_word.numel())[:, None],
+            "wtab": cp.wtab.reshape(B * cp.Wc1, -1),
+            "wlit": cp.wlit.reshape(B * cp.Wc1, -1),
+            "ph_first": cp.ph_words[:, :, 0][rep][:, None, :],
+            "ph_words": cp.ph_words.reshape(B, -1)[rep][:, None, :],
+            "ph_lidx": (torch.arange(max(Lph, 1), device=d) * cp.P)[None, None, :],
+            "ph_len": cp.ph_len[rep][:, None, :],
+            "ph_clause": cp.ph_clause[rep][:, None, :],
+            "ph_neg": cp.ph_neg[rep][:, None, :],
+            "ph_gidx": cp.ph_gidx[rep][:, None, :],
+            "neg_total": cp.neg_total[rep][:, None, :],
+            "grp_max": cp.grp_max[rep][:, None, :],
+            "cl_valid": cp.cl_valid[rep][:, None, :],
+            "cl_has_pos": cp.cl_has_pos[rep][:, None, :],
+            "cl_posmask": cp.cl_posmask[rep][:, None, :],
+            "cl_maxpos": cp.cl_maxpos[rep][:, None, :],
+            "pos_ph": cp.pos_ph[rep][:, None, :],
+            "pos_ph2": cp.pos_ph[rep],
+            "pos_words": cp.pos_words.reshape(B, -1)[rep][:, None, :],
+            "pos_words2": cp.pos_words.reshape(B, -1)[rep],
+            "pos_lidx": (torch.arange(cp.Lp, device=d) * cp.Pp)[None, None, :],
+            "pos_lidx2": (torch.arange(cp.Lp, device=d) * cp.Pp)[None, :],
+            "pos_len2": cp.pos_len[rep],
+            "pos_clause": cp.pos_clause[rep][:, None, :],
+            "pos_clause2": cp.pos_clause[rep],
+            "pos_valid2": cp.pos_valid[rep],
+            "pos_dyn2": cp.pos_dyn[rep],
+            "pos_charlen": cp.pos_charlen[rep][:, None],
+            "dyn_topk": cp.dyn_topk[rep],
+            "has_pos_phrase": bool((cp.pos_ph >= 0).any()),
+        }
+        has_positive = bool(cp.pos_valid.any())
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
+        st = _State(node=z(N), ph_prog=z(N, Lph) if Lph else None, ph_occ=z(N, Lph) if Lph else None,
+                    cpos=z(N, Cl), cneg=z(N, Cl), gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1, crank=z(N, Cl), rctr=z(N),
+                    cbad=torch.zeros(N, Cl, dtype=torch.bool, device=d),
+                    sat=(cp.neg_total[rep] > 0) & cp.cl_valid[rep])  # negative clauses hold on the empty text
+        cum = torch.full((N,), NEG, device=d)
+        cum[::K] = 0.0
+        hist = torch.zeros(N, T_max, dtype=torch.long, device=d)
+        # finished buffer
+        fin_seq = torch.zeros(B, R, T_max, dtype=torch.long, device=d)
+        fin_lp = torch.full((B, R), NEG, device=d)
+        fin_S = torch.full((B, R), NEG, device=d)
+        fin_n = torch.zeros(B, R, dtype=torch.long, device=d)
+        fin_all = torch.zeros(B, R, dtype=torch.bool, device=d)
+        fin_sat = torch.zeros(B, R, Cl, dtype=torch.bool, device=d)
+        fin_cmatch = torch.full((B, R, Cl), -1, dtype=torch.long, device=d)
+        fin_phocc = torch.zeros(B, R, max(Lph, 1), dtype=torch.long, device=d)
+        done = torch.zeros(B, dtype=torch.bool, device=d)
+
+        M = min(cfg.candidates_per_beam or 2 * K, cfg.prune_factor, self.vocab)
+        PF = min(cfg.prune_factor, self.vocab)
+        A = cfg.lookahead or K
+        alpha = cfg.length_penalty
+        n_gram = cfg.no_repeat_ngram_size
+        ar_B = torch.arange(B, device=d)
+
+        with torch.inference_mode():
+            logits, cache, am, pos = self._prefill(prompts, K)
+            for t in range(T_max):
+                final = t == T_max - 1
+                lp = torch.log_softmax(logits.float(), -1) + self.bias
+                if t < cfg.min_new_tokens:
+                    lp[:, self.is_end_v] = NEG
+                if n_gram and t >= n_gram:
+                    lp = self._ban_ngrams(lp, hist[:, : t], n_gram)
+                topv, topi = lp.topk(max(M, PF), dim=1)
+                thresh = topv[:, PF - 1]
+                cand = topi[:, :M]
+                cvalid = torch.isfinite(topv[:, :M])
+                if has_positive:
+                    la, la_ok = self._lookahead(cp, lt, st, lp, A, thresh)
+                    cand = torch.cat([cand, la.clamp(min=0)], 1)
+                    cvalid = torch.cat([cvalid, la_ok], 1)
+                    # de-duplicate (a lookahead token may already be a top token)
+                    srt, si = cand.masked_fill(~cvalid, -1).sort(dim=1, stable=True)
+                    dup = torch.zeros_like(cvalid)
+                    dup.scatter_(1, si[:, 1:], (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0))
+                    cvalid &= ~dup
+                C = cand.shape[1]
+                clp = cum[:, None] + lp.gather(1, cand)
+                clp = torch.where(cvalid, clp, torch.full_like(clp, NEG))
+                new, violated, pos_ok, all_sat, risky = self._advance(cp, lt, st, cand, t, final)
+                is_eos = self.is_end_v[cand]  # EOS or a stop token: the hypothesis finishes here
+                if cfg.block_eos_until_satisfied and not final:
+                    clp = torch.where(is_eos & ~pos_ok, torch.full_like(clp, NEG), clp)
+                rank_sc = clp
+                if cfg.beta and has_positive:
+                    rank_sc = clp + cfg.beta * self._progress(cp, lt, new)
+                nsat = new.sat.sum(-1)
+                group = (new.sat.long() * cp.cl_weight).sum(-1)
+                # ---- selection per prompt row
+                KC = K * C
+                f_clp = clp.reshape(B, KC)
+                fin_ok = torch.isfinite(f_clp)
+                f_viol = violated.reshape(B, KC)
+                f_nsat = nsat.reshape(B, KC)
+                good = fin_ok & ~f_viol
+                best = torch.where(good, f_nsat, torch.full_like(f_nsat, -1)).max(1, keepdim=True).values
+                elig = good & (f_nsat >= best - cfg.sat_tolerance)
+                # tiers: 0 kept, 1 kept but its pending word is a dead end, 2 outside sat_tolerance,
+                # 3 irreversibly violating (used only when nothing better is left), 4 impossible
+                f_risky = risky.reshape(B, KC)
+                tier = torch.where(elig, f_risky.long(), torch.where(good, 2, torch.where(fin_ok, 3, 4)))
+                f_sc = torch.where(fin_ok, rank_sc.reshape(B, KC), torch.full_like(f_clp, NEG))
+                f_grp = group.reshape(B, KC)
+                o = f_sc.argsort(dim=1, descending=True, stable=True)
+                g_o = f_grp.gather(1, o) * 8 + tier.gather(1, o)
+                o2 = g_o.argsort(dim=1, stable=True)
+                o = o.gather(1, o2)
+                gs = g_o.gather(1, o2)
+                ar = torch.arange(KC, device=d).expand(B, KC)
+                start_flag = torch.ones_like(gs, dtype=torch.bool)
+                start_flag[:, 1:] = gs[:, 1:] != gs[:, :-1]
+                start_pos = torch.where(start_flag, ar, torch.zeros_like(ar)).cummax(1).values
+                rig = torch.empty_like(ar).scatter_(1, o, ar - start_pos)
+                # lexicographic: tier, rank-in-group, -nsat, -score (successive stable sorts)
+                o = f_sc.argsort(dim=1, descending=True, stable=True)
+                o = o.gather(1, f_nsat.gather(1, o).argsort(dim=1, descending=True, stable=True))
+                o = o.gather(1, rig.gather(1, o).argsort(dim=1, stable=True))
+                o = o.gather(1, tier.gather(1, o).argsort(dim=1, stable=True))
+                f_eos = is_eos.reshape(B, KC).gather(1, o)
+                if final:
+                    sel = o[:, :K]
+                    fin_pick = sel
+                    fin_mask = tier.gather(1, sel) < 4
+                else:
+                    keypos = torch.where(f_eos, ar + KC, ar)
+                    sel = o.gather(1, keypos.topk(K, dim=1, largest=False).indices.sort(1).values)
+                    fin_pick = o[:, :K]
+                    fin_mask = f_eos[:, :K] & (tier.gather(1, fin_pick) <= 2)
+                fin_mask &= ~done[:, None]
+                # ---- finished hypotheses -> buffer
+                if bool(fin_mask.any()):
+                    gidx = (ar_B[:, None] * KC + fin_pick).reshape(-1)  # into N*C
+                    src = gidx // C
+                    seq = hist[src].clone()
+                    tokc = cand.reshape(-1)[gidx]
+                    seq[:, t] = tokc
+                    n_tok = torch.full_like(tokc, t + 1) - self.is_eos_v[tokc].long()
+                    lpn = clp.reshape(-1)[gidx]
+                    S = lpn / n_tok.clamp(min=1).float() ** alpha
+                    S = torch.where(fin_mask.reshape(-1), S, torch.full_like(S, NEG))
+                    allf = all_sat.reshape(-1)[gidx]
+                    key_new = (S.double() + allf.double() * 1e12).reshape(B, K)
+                    key_old = fin_S.double() + fin_all.double() * 1e12
+                    keys = torch.cat([key_old, key_new], 1)
+                    _, top = keys.topk(R, dim=1)
+
+                    def merge(old, newv):
+                        cat = torch.cat([old, newv.reshape(B, K, *newv.shape[1:])], 1)
+                        ix = top.reshape(B, R, *([1] * (cat.dim() - 2))).expand(B, R, *cat.shape[2:])
+                        return cat.gather(1, ix)
+
+                    fin_seq = merge(fin_seq, seq)
+                    fin_lp = merge(fin_lp, lpn)
+                    fin_S = merge(fin_S, S)
+                    fin_n = merge(fin_n, n_tok)
+                    fin_all = merge(fin_all, allf)
+                    fin_sat = merge(fin_sat, new.sat.reshape(N * C, -1)[gidx])
+                    fin_cmatch = merge(fin_cmatch, new.cmatch.reshape(N * C, -1)[gidx])
+                    if Lph:
+                        fin_phocc = merge(fin_phocc, new.ph_occ.reshape(N * C, -1)[gidx])
+                if cfg.early_stopping:
+                    done |= (torch.isfinite(fin_S) & fin_all).sum(1) >= R
+                if final or bool(done.all()):
+                    break
+                # ---- advance beams
+                gsel = (ar_B[:, None] * KC + sel).reshape(-1)
+                src = gsel // C
+                tok_next = cand.reshape(-1)[gsel]
+                cum = clp.reshape(-1)[gsel]
+                hist = hist[src]
+                hist[:, t] = tok_next
+                st = new.take(gsel, N * C)
+                cache.reorder_cache(src)
+                am = torch.cat([am[src], torch.ones_like(am[:, :1])], 1)
+                if pos is not None:
+                    pos = pos[src]
+                logits, cache = self._forward(tok_next, cache, am, pos)
+                if pos is not None:
+                    pos = pos + 1
+        return self._collect(cp, css, fin_seq, fin_lp, fin_S, fin_n, fin_all, fin_sat, fin_cmatch, fin_phocc)
+
+    def _ban_ngrams(self, lp, hist, n):
+        t = hist.shape[1]
+        win = hist.unfold(1, n, 1)  # [N, t-n+1, n]
+        last = hist[:, t - n + 1:]
+        match = (win[:, :, :-1] == last[:, None, :]).all(-1)
+        ban = torch.zeros_like(lp, dtype=torch.bool)
+        ban.scatter_(1, torch.where(match, win[:, :, -1], torch.zeros_like(win[:, :, -1])), match)
+        return lp.masked_fill(ban, NEG)
+
+    def _collect(self, cp, css, fin_seq, fin_lp, fin_S, fin_n, fin_all, fin_sat, fin_cmatch, fin_phocc):
+        seq, lpv, Sv, nv = fin_seq.cpu(), fin_lp.cpu(), fin_S.cpu(), fin_n.cpu()
+        allv, satv, cmv, phv = fin_all.cpu(), fin_sat.cpu(), fin_cmatch.cpu(), fin_phocc.cpu()
+        phg = cp.ph_gidx.cpu()
+        out = []
+        for b, cs in enumerate(css):
+            nc, nd = cp.n_clauses[b]
+            lits = cp.lits[b]
+            ph_of = {int(g): k for k, g in enumerate(phg[b].tolist()) if g >= 0}
+            rows = [r for r in range(seq.shape[1]) if math.isfinite(float(Sv[b, r]))]
+            if any(bool(allv[b, r]) for r in rows):  # satisfying results exist: return only those
+                rows = [r for r in rows if bool(allv[b, r])]
+            gens = []
+            for r in rows:
+                n = int(nv[b, r])
+                ids = seq[b, r, :n].tolist()
+                text = self.tok.decode(ids, skip_special_tokens=True).strip()
+                satisfied = [bool(x) for x in satv[b, r, : nc + nd]]
+                matched = []
+                for ci in range(nc + nd):
+                    m = int(cmv[b, r, ci])
+                    if not satisfied[ci]:
+                        matched.append(None)
+                    elif m >= 0:
+                        matched.append(lits[m].text)
+                    else:  # satisfied because a negative literal is absent
+                        absent = [li.text for k, li in enumerate(lits) if li.clause == ci and not li.positive
+                                  and (k not in ph_of or int(phv[b, r, ph_of[k]]) == 0)]
+                        matched.append(f"NOT {absent[0]}" if absent else None)
+                gens.append(Generation(text=text, score=float(Sv[b, r]), logprob=float(lpv[b, r]), num_tokens=n,
+                                       satisfied=satisfied, all_satisfied=bool(allv[b, r]), matched=matched))
+            out.append(gens)
+        return out
+
+
+__all__ = ["DecodingConfig", "Generation", "NeuroLogicDecoder", "ConstraintError"]

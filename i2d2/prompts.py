@@ -1,0 +1,338 @@
+"""I2D2 prompt construction (i2d2.txt §2.1, Table 1, A.1.2, A.1.4).
+
+For every (noun concept, relational phrase) pair all variants of the Table 1 template
+
+    [Generally|Typically|Usually]? [a|an|the]? <noun_phrase> <relational_phrase>
+
+are built, with the noun inflected (``inflect``) to agree with the phrase's verb (``is/has/produces`` take a
+singular subject, ``are/have/produce`` a plural one, modal verbs either; ``a/an`` only before a singular
+noun). All variants are scored by LM per-word perplexity in batches and the lowest one is kept; kept prompts
+above the threshold (250 in the paper) are dropped. Goals get the four prefixes ("In order to", "Before you",
+"After you", "While you"), one prompt each, subject to the same threshold.
+
+Each prompt carries its NeuroLogic constraints (A.1.4): ``count(function_words) <= 1``,
+``count(connectives) = 0``, ``¬source_concept``, ``¬relational_phrase``, and a positive clause for the
+related concept when the prompt has one. Word lists come from the data config (conf/data/generics.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from i2d2.concepts import Concept, load_concepts, load_phrases, resolve_path
+from i2d2.io import DataError, atomic_path, fingerprint, write_json, write_text
+
+log = logging.getLogger(__name__)
+
+PROMPT_FIELDS = ["prompt_id", "prompt", "constraints", "concept", "kind", "template", "surface", "relation", "related",
+                 "perplexity", "adverb", "article", "number", "source"]
+
+
+def _get(cfg, key, default=None):
+    v = cfg.get(key, default) if cfg is not None else default
+    return default if v is None else v
+
+
+@dataclass
+class Variant:
+    text: str
+    concept: Concept
+    relation: str          # relational phrase (nouns) or goal prefix (goals)
+    template: str          # the prompt with the concept replaced by {concept} / {goal}
+    surface: str           # the concept as it appears in the prompt
+    adverb: str | None = None
+    article: str | None = None
+    number: str | None = None   # sg | pl | None (goals)
+
+
+# ----------------------------------------------------------------------------- inflection
+
+def _engine():
+    import inflect
+
+    return inflect.engine()
+
+
+def noun_forms(concept: Concept, engine=None) -> tuple[str, str]:
+    """(singular, plural) of a noun phrase; ``concept.plural`` overrides inflect's guess of the given number."""
+    p = engine or _engine()
+    text = concept.text
+    if concept.plural is True:
+        return (p.singular_noun(text) or text), text
+    if concept.plural is False:
+        return text, p.plural_noun(text)
+    sing = p.singular_noun(text)
+    if sing and sing == text:  # invariant: sheep, news, scissors
+        return text, text
+    last = text.split()[-1].lower()
+    # inflect un-pluralises too eagerly (bus -> bu, glass -> glas): trust it only when it round-trips.
+    if sing and p.plural_noun(sing) == text and not last.endswith(("ss", "us", "is")):
+        return sing, text
+    return text, p.plural_noun(text)
+
+
+def phrase_number(phrase: str, modal_verbs=(), engine=None) -> str:
+    """'sg' if the phrase's verb needs a singular subject (is, has, produces), 'pl' for a plural one
+    (are, have, produce), 'any' for modal verbs (can, may, should ...)."""
+    p = engine or _engine()
+    first = phrase.split()[0].lower()
+    if first in {m.lower() for m in modal_verbs}:
+        return "any"
+    return "sg" if p.plural_verb(first) != first else "pl"
+
+
+def _cap(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
+def noun_variants(concept: Concept, relation: str, cfg_data, engine=None) -> list[Variant]:
+    """All Table 1 variants of (concept, relation) that agree in number; de-duplicated by text."""
+    p = engine or _engine()
+    singular, plural = noun_forms(concept, p)
+    number = phrase_number(relation, _get(cfg_data, "modal_verbs", []), p)
+    articles = [a.lower() for a in _get(cfg_data, "articles", ["a", "an", "the"])]
+    sep = _get(cfg_data, "adverb_separator", ", ")
+    forms: list[tuple[str, str, str | None]] = []
+    if number in ("sg", "any"):
+        indef = p.a(singular).split()[0].lower()
+        sg_articles = [a for a in (indef, "the") if a in articles]
+        forms += [(singular, "sg", a) for a in [None, *sg_articles]]
+    if number in ("pl", "any"):
+        forms += [(plural, "pl", a) for a in [None, *(["the"] if "the" in articles else [])]]
+    out, seen = [], set()
+    for adverb in [None, *_get(cfg_data, "adverbs", [])]:
+        for noun, num, article in forms:
+            body = " ".join(x for x in (article, "{concept}", relation) if x)
+            template = f"{adverb}{sep}{body}" if adverb else _cap(body)  # "{concept} is" stays as is
+            text = _cap(template.replace("{concept}", noun))
+            if text in seen:
+                continue
+            seen.add(text)
+            out.append(Variant(text, concept, relation, template, noun, adverb, article, num))
+    return out
+
+
+def goal_variants(concept: Concept, cfg_data) -> list[Variant]:
+    """One prompt per goal prefix ("In order to get better at chess,")."""
+    suffix = _get(cfg_data, "goal_suffix", "")
+    out = []
+    for prefix in _get(cfg_data, "goal_prefixes", ["In order to", "Before you", "After you", "While you"]):
+        template = f"{prefix} {{goal}}{suffix}"
+        out.append(Variant(template.replace("{goal}", concept.text), concept, prefix, template, concept.text))
+    return out
+
+
+# ----------------------------------------------------------------------------- constraints
+
+def build_constraints(variant: Variant, related: str | None, cfg_constraints, engine=None) -> dict:
+    """The A.1.4 constraints of one prompt as ``ConstraintSet.to_dict()``."""
+    from i2d2.decoding import Clause, ConstraintSet, CountConstraint, Literal
+
+    c = cfg_constraints
+    p = engine or _engine()
+    clauses = []
+    if _get(c, "forbid_concept", True):
+        if variant.concept.kind == "noun":
+            forms = [variant.surface, *noun_forms(variant.concept, p)]
+        else:
+            forms = [variant.concept.text]
+        for form in _unique_lower(forms):
+            clauses.append(Clause([Literal(form, positive=False)], name=f"no_concept:{form}"))
+    if _get(c, "forbid_relation", True):
+        rel = variant.relation.lower()
+        clauses.append(Clause([Literal(rel, positive=False)], name=f"no_relation:{rel}"))
+    if related and _get(c, "require_related", True):
+        sing, plur = noun_forms(Concept(related), p)
+        forms = _unique_lower([related, plur]) if sing.lower() == related.lower() else _unique_lower([related, sing])
+        forbidden = {lit.text for cl in clauses for lit in cl.literals}
+        forms = [f for f in forms if f not in forbidden]  # never require what is forbidden (related == concept)
+        if forms:
+            clauses.append(Clause([Literal(f) for f in forms], name=f"related:{related.lower()}"))
+    counts = [
+        CountConstraint(_words(c, "function_words"), int(_get(c, "max_function_words", 1)), name="function_words"),
+        CountConstraint(_words(c, "connectives"), 0, name="connectives"),
+    ]
+    counts = [k for k in counts if k.words]
+    return ConstraintSet(clauses=clauses, counts=counts).to_dict()
+
+
+def _words(c, key: str) -> list[str]:
+    words = list(_get(c, key, []))
+    for i, w in enumerate(words):
+        if not isinstance(w, str):  # YAML 1.1 reads on/no/yes/off as booleans
+            raise ValueError(f"data.constraints.{key}[{i}] is {w!r}, not a word: quote it in the YAML (\"on\", \"no\")")
+    return words
+
+
+def _unique_lower(items) -> list[str]:
+    seen, out = set(), []
+    for x in items:
+        x = x.lower()
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    return out
+
+
+# ----------------------------------------------------------------------------- candidates and scoring
+
+def candidate_groups(concepts: list[Concept], cfg_data) -> list[list[Variant]]:
+    """Groups of competing variants: one group per (noun, relation) pair, one singleton per goal prefix."""
+    p = _engine()
+    lists: dict[str, list[str]] = {}
+    groups = []
+    for c in concepts:
+        if c.kind == "goal":
+            groups += [[v] for v in goal_variants(c, cfg_data)]
+            continue
+        name = c.relations or "general"
+        if name not in lists:
+            rel_cfg = _get(cfg_data, "relations", {})
+            if name not in rel_cfg:
+                raise DataError(f"{c.source}: relational-phrase list {name!r} is not in data.relations "
+                                f"({', '.join(rel_cfg)})")
+            lists[name] = load_phrases(resolve_path(rel_cfg[name], cfg_data.get("dir")))
+        for rel in lists[name]:
+            groups.append(noun_variants(c, rel, cfg_data, p))
+    return groups
+
+
+def score_texts(model, tokenizer, texts: list[str], work_dir: Path, batch_size: int = 32, per: str = "word",
+                chunk: int = 1024, progress: bool = True) -> np.ndarray:
+    """Per-word perplexity of ``texts`` in batches, saved chunk by chunk under ``work_dir`` so that a
+    killed run resumes where it stopped (chunks of another text list or model are discarded)."""
+    from i2d2.perplexity import perplexity
+
+    work_dir = Path(work_dir)
+    fp = fingerprint(texts, per, getattr(model.config, "_name_or_path", ""), type(model).__name__,
+                     int(sum(p.numel() for p in model.parameters())))
+    meta = work_dir / "_fingerprint.txt"
+    if work_dir.exists() and (not meta.exists() or meta.read_text() != fp):
+        shutil.rmtree(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_text(meta, fp)
+    out = np.empty(len(texts))
+    starts = range(0, len(texts), chunk)
+    bar = tqdm(total=len(texts), desc="prompt perplexity", unit="prompt", disable=not progress)
+    for i, start in enumerate(starts):
+        part = work_dir / f"chunk-{i:05d}.npy"
+        if part.exists():
+            out[start:start + chunk] = np.load(part)
+        else:
+            ppl = perplexity(model, tokenizer, texts[start:start + chunk], batch_size=batch_size, per=per)
+            with atomic_path(part) as tmp:
+                with open(tmp, "wb") as f:
+                    np.save(f, ppl)
+            out[start:start + chunk] = ppl
+        bar.update(min(chunk, len(texts) - start))
+    bar.close()
+    return out
+
+
+def select_variants(groups: list[list[Variant]], ppl: np.ndarray, threshold: float | None):
+    """Lowest-perplexity variant of each group; those above ``threshold`` are dropped.
+
+    Returns ``(kept, dropped)``: lists of ``(variant, perplexity)``.
+    """
+    sizes = np.array([len(g) for g in groups])
+    if (sizes == 0).any():
+        raise ValueError("empty variant group")
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    # vectorised group argmin: sort by (group, perplexity) and take each group's first entry
+    group_of = np.repeat(np.arange(len(groups)), sizes)
+    order = np.lexsort((ppl, group_of))
+    best = order[np.searchsorted(group_of[order], np.arange(len(groups)))]
+    kept, dropped = [], []
+    for gi, flat in enumerate(best):
+        v, score = groups[gi][flat - offsets[gi]], float(ppl[flat])
+        (dropped if threshold is not None and not score <= threshold else kept).append((v, score))
+    return kept, dropped
+
+
+# ----------------------------------------------------------------------------- the stage
+
+def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None) -> dict:
+    """Load concepts, build and score prompt variants, attach constraints, write the prompts JSONL.
+
+    The table is a ``datasets.Dataset`` written with ``to_json`` into a temporary file renamed over
+    ``out_path``. Malformed concept lines are skipped (``on_error: skip``, listed in the summary and in
+    ``<out_path>.errors.txt``) or raise ``DataError`` (``on_error: raise``).
+    """
+    import datasets
+
+    t0 = time.time()
+    out_path = Path(out_path)
+    errors: list[str] = []
+    concepts = load_concepts(cfg_data, errors)
+    for msg in errors[:20]:
+        log.warning("skipped malformed concept line %s", msg)
+    if len(errors) > 20:
+        log.warning("... and %d more malformed concept lines", len(errors) - 20)
+    if not concepts:
+        raise DataError("no concepts loaded: check data.sources " + ("; ".join(errors[:3]) if errors else ""))
+    groups = candidate_groups(concepts, cfg_data)
+    texts = [v.text for g in groups for v in g]
+    ppl_cfg = _get(cfg_data, "perplexity", {})
+    ppl = score_texts(model, tokenizer, texts, out_path.parent / f".{out_path.name}.ppl",
+                      batch_size=int(_get(ppl_cfg, "batch_size", 32)), per=_get(ppl_cfg, "per", "word"),
+                      chunk=int(_get(ppl_cfg, "chunk_size", 1024)))
+    threshold = ppl_cfg.get("threshold", 250)
+    kept, dropped = select_variants(groups, ppl, None if threshold is None else float(threshold))
+
+    mode = _get(cfg_data, "related_prompts", "both")
+    if mode not in ("both", "related", "none"):
+        raise ValueError(f"data.related_prompts must be both|related|none, got {mode!r}")
+    cons_cfg = _get(cfg_data, "constraints", {})
+    engine = _engine()
+    rows = []
+    for v, score in kept:
+        related = v.concept.related if mode != "none" else []
+        todo = ([None] if mode == "both" or not related else []) + list(related)
+        for rel in todo:
+            rows.append(dict(
+                prompt_id=f"p{len(rows):06d}", prompt=v.text,
+                constraints=build_constraints(v, rel, cons_cfg, engine),
+                concept=v.concept.text, kind=v.concept.kind, template=v.template, surface=v.surface,
+                relation=v.relation,
+                related=rel, perplexity=round(score, 4), adverb=v.adverb, article=v.article, number=v.number,
+                source=v.concept.source,
+            ))
+    if not rows:
+        raise DataError(f"every prompt was dropped by the perplexity threshold {threshold} "
+                        f"(lowest: {min((s for _, s in dropped), default=math.nan):.1f})")
+    ds = datasets.Dataset.from_list(rows)
+    with atomic_path(out_path) as tmp:
+        ds.to_json(str(tmp), lines=True, force_ascii=False)
+    err_path = out_path.with_name(out_path.name + ".errors.txt")
+    if errors:
+        write_text(err_path, "\n".join(errors) + "\n")
+    elif err_path.exists():
+        err_path.unlink()
+    shutil.rmtree(out_path.parent / f".{out_path.name}.ppl", ignore_errors=True)
+
+    summary = dict(
+        n_concepts=len(concepts), n_nouns=sum(c.kind == "noun" for c in concepts),
+        n_goals=sum(c.kind == "goal" for c in concepts), n_concept_errors=len(errors),
+        n_pairs=len(groups), n_variants=len(texts), n_kept=len(kept), n_dropped_threshold=len(dropped),
+        n_prompts=len(rows), n_with_related=sum(r["related"] is not None for r in rows),
+        median_perplexity=float(np.median([s for _, s in kept])) if kept else math.nan,
+        seconds=round(time.time() - t0, 2), concept_errors=errors[:50],
+    )
+    write_json(out_path.with_name(out_path.name + ".summary.json"), summary)
+    log.info("prompts: %d concepts -> %d pairs (%d variants scored) -> %d kept, %d over threshold -> %d prompts",
+             summary["n_concepts"], len(groups), len(texts), len(kept), len(dropped), len(rows))
+    if tracker is not None:
+        tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        step = max(1, len(rows) // 20)
+        tracker.log_table("prompts/sample", ["prompt_id", "prompt", "concept", "kind", "related", "perplexity"],
+                          [[r["prompt_id"], r["prompt"], r["concept"], r["kind"], r["related"], r["perplexity"]]
+                           for r in rows[::step][:20]])
+    return summary

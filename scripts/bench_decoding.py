@@ -1,0 +1,198 @@
+#!/usr/bin/env python
+"""Benchmark: plain transformers beam search vs the tensorized NeuroLogic decoder, same model/batch/beam.
+
+Settings timed per model (one process, warm-up first):
+  plain     model.generate(num_beams=beam)                           (the reference, ratio 1.0)
+  nl-none   NeuroLogicDecoder, no constraints
+  nl-i2d2   I2D2 A.1.4: count(function words) <= 1, count(connectives) = 0, NOT concept, NOT relational phrase
+  nl-nc     NeuroComparatives A.2/A.3: aux verb and adverb clauses (ordered 1-2), Table 9 negatives (= 0),
+            dynamic top-5 comparative clause over Table 8 (ordered 3)
+
+  python scripts/bench_decoding.py                      # tiny:gpt2 and tiny:gpt2-124m, beam 10 x 30, batch 8
+  python scripts/bench_decoding.py --gemma --device cuda --batch 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+I2D2_PROMPTS = [  # (prompt, concept, relational phrase)
+    ("A bicycle can", "bicycle", "can"), ("Dogs are", "dogs", "are"), ("A knife is used for", "knife", "is used for"),
+    ("Ovens have", "ovens", "have"), ("Generally, trains are", "trains", "are"),
+    ("Typically, birds can", "birds", "can"), ("A refrigerator keeps", "refrigerator", "keeps"),
+    ("Usually, people need", "people", "need"),
+]
+NC_PAIRS = [("cherries", "peaches"), ("cars", "motorcycles"), ("apples", "oranges"), ("hammers", "screwdrivers"),
+            ("buses", "trains"), ("chairs", "sofas"), ("knives", "machetes"), ("bicycles", "skateboards")]
+
+
+def _yaml(path):
+    import yaml
+
+    p = ROOT / path
+    return yaml.safe_load(p.read_text()) if p.exists() else {}
+
+
+def i2d2_sets(n):
+    from i2d2.decoding import Clause, ConstraintSet, CountConstraint, Literal
+
+    c = (_yaml("conf/data/generics.yaml").get("constraints") or {})
+    fw = c.get("function_words") or ["in", "on", "of", "for", "at", "anybody", "it", "one", "the", "a", "that", "or",
+                                     "got", "do"]
+    conn = c.get("connectives") or ["without", "between", "he", "they", "she", "my", "more", "much", "and", "when",
+                                    "while", "although", "not", "as", "because", "since", "however", "therefore",
+                                    "this", "there", "here", "the following", "by now", "into"]
+    prompts, sets = [], []
+    for i in range(n):
+        p, concept, rel = I2D2_PROMPTS[i % len(I2D2_PROMPTS)]
+        prompts.append(p)
+        sets.append(ConstraintSet(
+            clauses=[Clause([Literal(concept, False)], name="no_concept"), Clause([Literal(rel, False)], name="no_rel")],
+            counts=[CountConstraint([str(w) for w in fw], 1, name="function_words"),
+                    CountConstraint([str(w) for w in conn], 0, name="connectives")]))
+    return prompts, sets
+
+
+def nc_sets(n):
+    from i2d2.decoding import Clause, ConstraintSet, CountConstraint, DynamicClause, Literal
+
+    w = _yaml("conf/wordlists/comparatives.yaml")
+    aux = w.get("aux_verbs") or ["have", "need", "may", "are", "would"]
+    adv = w.get("adverbs") or ["typically", "often", "always", "generally", "normally"]
+    comps = w.get("comparatives") or ["bigger", "smaller", "heavier", "lighter", "cheaper", "faster", "slower"]
+    negs = w.get("negatives") or {"pronouns": ["I", "you", "he", "they", "she", "we"],
+                                  "connectives": ["and", "because", "than", "while", "however"]}
+    prompts, sets = [], []
+    for i in range(n):
+        a, b = NC_PAIRS[i % len(NC_PAIRS)]
+        prompts.append(f"Compared to {a}, {b}")
+        sets.append(ConstraintSet(
+            clauses=[Clause([Literal(str(aux[i % len(aux)]))], positions=[1, 2], name="aux"),
+                     Clause([Literal(str(adv[i % len(adv)]))], positions=[1, 2], name="adverb")],
+            counts=[CountConstraint([str(x) for x in v], 0, name=f"neg:{k}") for k, v in negs.items()],
+            dynamic=[DynamicClause([str(x) for x in comps], top_k=5, positions=[3], name="comparative")]))
+    return prompts, sets
+
+
+def run_model(name, args, out_rows):
+    import torch
+
+    from i2d2.decoding import ConstraintSet, DecodingConfig, NeuroLogicDecoder
+    from i2d2.models import load_causal_lm
+
+    model, tok = load_causal_lm(name)
+    model = model.to(args.device).eval()
+    B, K, T = args.batch, args.beam, args.max_new_tokens
+    cfg = DecodingConfig(beam_size=K, num_return=K, max_new_tokens=T, min_new_tokens=args.min_new_tokens,
+                         length_penalty=0.1, prune_factor=50, sat_tolerance=2, beta=0.0, batch_size=B,
+                         early_stopping=True)
+    nc_cfg = DecodingConfig(**{**cfg.__dict__, "beta": 1.25, "sat_tolerance": 3})
+    dec = NeuroLogicDecoder(model, tok, cfg)
+    dec_nc = NeuroLogicDecoder(model, tok, nc_cfg)
+    ip, iset = i2d2_sets(B)
+    npr, nset = nc_sets(B)
+
+    def plain(prompts):
+        enc = tok(prompts, return_tensors="pt", padding=True).to(args.device)
+        with torch.inference_mode():
+            model.generate(**enc, num_beams=K, num_return_sequences=K, max_new_tokens=T,
+                           min_new_tokens=args.min_new_tokens, length_penalty=0.1, early_stopping=True,
+                           do_sample=False, pad_token_id=tok.pad_token_id)
+
+    runs = [
+        ("plain", lambda: plain(ip), None),
+        ("nl-none", lambda: dec.decode(ip, [ConstraintSet()] * B), None),
+        ("nl-i2d2", lambda: dec.decode(ip, iset), iset),
+        ("nl-nc", lambda: dec_nc.decode(npr, nset), nset),
+    ]
+
+    def sync():
+        if str(args.device).startswith("cuda"):
+            torch.cuda.synchronize()
+
+    # warm-up (allocator, kernels, token tables) on a short run of each kind
+    saved = (dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens)
+    dec.cfg.max_new_tokens = dec_nc.cfg.max_new_tokens = 3
+    for _, fn, _ in runs[1:]:
+        fn()
+    enc = tok(ip[:2], return_tensors="pt", padding=True).to(args.device)
+    with torch.inference_mode():
+        model.generate(**enc, num_beams=K, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+    dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens = saved
+    base = None
+    for label, fn, sets in runs:
+        best = None
+        for _ in range(args.repeats):
+            sync()
+            t0 = time.perf_counter()
+            res = fn()
+            sync()
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+        if label == "plain":
+            base = best
+        sat = None
+        if sets is not None and res:
+            flat = [g for gens in res for g in gens]
+            sat = sum(g.all_satisfied for g in flat) / max(len(flat), 1)
+        row = {"model": name, "setting": label, "device": str(args.device), "batch": B, "beam": K,
+               "new_tokens": T, "seconds": round(best, 3), "ratio": round(best / base, 3),
+               "all_satisfied": None if sat is None else round(sat, 3)}
+        out_rows.append(row)
+        print(f"{name:18s} {label:8s} {best:8.2f} s   x{best / base:5.2f}"
+              + ("" if sat is None else f"   all-satisfied {sat:.0%}"), flush=True)
+    del model, dec, dec_nc
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="tiny:gpt2,tiny:gpt2-124m", help="comma-separated model names")
+    ap.add_argument("--gemma", action="store_true", help="also benchmark packaged:gemma3-270m")
+    ap.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--beam", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=30)
+    ap.add_argument("--min-new-tokens", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (the minimum is reported)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [m for m in args.models.split(",") if m] + (["packaged:gemma3-270m"] if args.gemma else [])
+    print(f"device={args.device} threads={torch.get_num_threads()} batch={args.batch} beam={args.beam} "
+          f"new_tokens={args.max_new_tokens}")
+    print(f"{'model':18s} {'setting':8s} {'wall':>10s}   ratio to plain beam search")
+    rows = []
+    for n in names:
+        run_model(n, args, rows)
+    if args.json:
+        from i2d2.io import write_json
+
+        write_json(args.json, rows)
+    return rows
+
+
+def _cuda():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,358 @@
+"""NeuroLogic decoder: constraints checked on the decoded text, independently of the decoder's own flags."""
+
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from i2d2.decoding import (Clause, ConstraintError, ConstraintSet, CountConstraint, DecodingConfig, DynamicClause,
+                           Literal, NeuroLogicDecoder)
+from i2d2.decoding.constraints import validate
+from i2d2.models import tiny_model
+
+# ---------------------------------------------------------------- an independent checker on plain text
+_W = re.compile(r"[^\W_]+|[^\s]")
+
+
+def words_of(text):
+    return _W.findall(text)
+
+
+def _same(a, b):
+    return a == b or (a[:1].lower() + a[1:]) == (b[:1].lower() + b[1:])
+
+
+def occurrences(text, phrase):
+    """Start indices (in words) where `phrase` occurs as whole words (first letter case-insensitive)."""
+    ws, ps = words_of(text), words_of(phrase)
+    return [i for i in range(len(ws) - len(ps) + 1) if all(_same(ws[i + j], ps[j]) for j in range(len(ps)))]
+
+
+def check(text, cs: ConstraintSet):
+    """True iff `text` satisfies every clause, count and dynamic clause (dynamic = any list word appears)."""
+    first_sat = {}
+    for ci, c in enumerate(cs.clauses):
+        ok = False
+        for lit in c.literals:
+            occ = occurrences(text, lit.text)
+            if lit.positive and occ:
+                ok = True
+                first_sat[ci] = min(first_sat.get(ci, 10 ** 9), occ[0] + len(words_of(lit.text)))
+            if not lit.positive and not occ:
+                ok = True
+        if not ok:
+            return False
+    for di, d in enumerate(cs.dynamic):
+        ends = [o + len(words_of(w)) for w in d.words for o in occurrences(text, w)]
+        if not ends:
+            return False
+        first_sat[len(cs.clauses) + di] = min(ends)
+    for g in cs.counts:
+        if sum(len(occurrences(text, w)) for w in set(g.words)) > g.max_count:
+            return False
+    ranked = sorted(first_sat, key=lambda k: first_sat[k])
+    allc = list(cs.clauses) + list(cs.dynamic)
+    for r, k in enumerate(ranked, 1):
+        if allc[k].positions and r not in allc[k].positions:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def lm(request):
+    return tiny_model(request.param)
+
+
+def cfg(**kw):
+    base = dict(beam_size=6, num_return=4, max_new_tokens=14, min_new_tokens=1, prune_factor=5000, beta=3.0,
+                sat_tolerance=2, batch_size=3)
+    base.update(kw)
+    return DecodingConfig(**base)
+
+
+PROMPTS = ["Compared to cars, bicycles", "A dog is", "Typically, birds", "Water is"]
+
+
+def test_config_from_yaml_keys():
+    import yaml
+
+    d = yaml.safe_load(Path(__file__).parents[1].joinpath("conf/decoding/i2d2.yaml").read_text())
+    c = DecodingConfig(**d)
+    assert c.beam_size == 10 and c.length_penalty == 0.1 and c.prune_factor == 50
+
+
+def test_constraint_set_roundtrip():
+    cs = ConstraintSet([Clause([Literal("have"), Literal("the cat", False)], positions=[1, 2], name="aux")],
+                       [CountConstraint(["in", "on"], 1)], [DynamicClause(["bigger", "smaller"], 3, [2])])
+    d = json.loads(json.dumps(cs.to_dict()))
+    assert ConstraintSet.from_dict(d) == cs
+
+
+def test_positive_negative_count_order_hold_on_text(lm):
+    model, tok = lm
+    dec = NeuroLogicDecoder(model, tok, cfg())
+    sets = [
+        ConstraintSet([Clause([Literal("cat")]), Clause([Literal("the", False)])]),
+        ConstraintSet([Clause([Literal("dog")], positions=[1]), Clause([Literal("water")], positions=[2]),
+                       Clause([Literal("is", False)])]),
+        ConstraintSet([Clause([Literal("people"), Literal("bird")]), Clause([Literal("often")])],
+                      [CountConstraint(["of", "the", "a"], 0)]),
+        ConstraintSet([Clause([Literal("have"), Literal("are")], positions=[1])],
+                      dynamic=[DynamicClause(["bigger", "sweeter", "faster", "colder"], top_k=2, positions=[2])]),
+    ]
+    res = dec.decode(PROMPTS, sets)
+    assert len(res) == len(PROMPTS)
+    for gens, cs, p in zip(res, sets, PROMPTS):
+        assert 1 <= len(gens) <= 4
+        for g in gens:
+            assert g.all_satisfied, (p, g)
+            assert check(g.text, cs), (p, g.text)  # independent of the decoder's flags
+            assert all(g.satisfied) and len(g.satisfied) == len(cs.clauses) + len(cs.dynamic)
+            assert all(m is not None for m in g.matched)
+        assert [g.score for g in gens] == sorted([g.score for g in gens], reverse=True)
+        g = gens[0]
+        assert math.isclose(g.score, g.logprob / g.num_tokens ** 0.1, rel_tol=1e-4)
+
+
+def test_negatives_and_counts_bite(lm):
+    """Forbid the words the unconstrained decoder likes most; they must vanish, counts must hold."""
+    model, tok = lm
+    dec = NeuroLogicDecoder(model, tok, cfg(beta=0.0))
+    free = dec.decode(PROMPTS[:2], [ConstraintSet(), ConstraintSet()])
+    sets = []
+    for gens in free:
+        ws = [w for g in gens for w in words_of(g.text) if w.isalpha()]
+        common = [w for w, _ in sorted(((w, ws.count(w)) for w in set(ws)), key=lambda x: -x[1])]
+        assert common
+        sets.append(ConstraintSet([Clause([Literal(w, False)]) for w in common[:2]],
+                                  [CountConstraint(common[2:5] or ["xyz"], 1)]))
+    res = dec.decode(PROMPTS[:2], sets)
+    for gens, cs in zip(res, sets):
+        assert gens
+        for g in gens:
+            for c in cs.clauses:
+                assert not occurrences(g.text, c.literals[0].text), (c.literals[0].text, g.text)
+            assert sum(len(occurrences(g.text, w)) for w in cs.counts[0].words) <= 1
+            assert g.all_satisfied and check(g.text, cs)
+
+
+def test_multiword_phrase_and_mixed_clause(lm):
+    model, tok = lm
+    dec = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=16))
+    cs = ConstraintSet([Clause([Literal("a dog")]), Clause([Literal("water"), Literal("is", False)])])
+    gens = dec.decode(["Cars have"], [cs])[0]
+    for g in gens:
+        assert g.all_satisfied and check(g.text, cs), g.text
+        assert occurrences(g.text, "a dog")
+
+
+def test_brute_force_equivalence_on_tiny_vocab():
+    """Vocabulary restricted to 5 tokens + EOS, 4 new tokens: exhaustive search vs the decoder."""
+    model, tok = tiny_model("gpt2", seed=3)
+    allowed = [tok.convert_tokens_to_ids(t) for t in ["Ġc", "at", "Ġdog", "Ġthe", "."]] + [tok.eos_token_id]
+    assert all(i is not None and i != tok.unk_token_id for i in allowed)
+    mask = torch.full((model.config.vocab_size,), float("-inf"))
+    mask[allowed] = 0
+    h = model.lm_head.register_forward_hook(lambda m, i, o: o + mask)
+    try:
+        cs = ConstraintSet([Clause([Literal("cat")]), Clause([Literal("the", False)])])
+        T, alpha, prompt = 4, 0.1, "A dog is"
+        c = DecodingConfig(beam_size=150, num_return=3, max_new_tokens=T, min_new_tokens=1, length_penalty=alpha,
+                           prune_factor=1000, sat_tolerance=10, early_stopping=False, batch_size=1)
+        got = NeuroLogicDecoder(model, tok, c).decode([prompt], [cs])[0]
+        # exhaustive: every sequence over the 5 tokens of length T, log-probs of all prefixes + EOS
+        body = allowed[:-1]
+        seqs = torch.tensor(list(itertools.product(body, repeat=T)))
+        pids = tok(prompt, return_tensors="pt")["input_ids"][0]
+        inp = torch.cat([pids.expand(len(seqs), -1), seqs], 1)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(inp).logits.float(), -1)[:, len(pids) - 1:]
+        best = {}
+        for s in range(len(seqs)):
+            acc = 0.0
+            for n in range(1, T + 1):
+                acc += float(lp[s, n - 1, seqs[s, n - 1]])
+                ids = tuple(seqs[s, :n].tolist())
+                ends = [("eos", acc + float(lp[s, n, tok.eos_token_id]))]  # EOS after n tokens
+                if n == T:
+                    ends.append(("max", acc))  # stopped by max_new_tokens
+                text = tok.decode(list(ids)).strip()
+                if check(text, cs):
+                    for how, total in ends:
+                        best[(ids, how)] = (total / n ** alpha, text)
+        ranked = sorted(best.values(), key=lambda x: -x[0])
+        assert got and got[0].all_satisfied
+        assert math.isclose(got[0].score, ranked[0][0], rel_tol=1e-4), (got[0], ranked[:3])
+        assert got[0].text == ranked[0][1]
+    finally:
+        h.remove()
+
+
+def test_unsatisfiable_returns_flagged_partials(lm):
+    model, tok = lm
+    dec = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=6))
+    cs = ConstraintSet([Clause([Literal("dog")], positions=[1]), Clause([Literal("water")], positions=[1]),
+                        Clause([Literal("the", False)])])
+    short = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=1))
+    res = dec.decode(["A cat"], [cs])[0] + short.decode(["A cat"], [ConstraintSet([Clause([Literal("typically")])])])[0]
+    assert res
+    for g in res:
+        assert not g.all_satisfied
+        assert False in g.satisfied
+        assert not occurrences(g.text, "the")  # satisfiable parts still hold
+
+
+@pytest.mark.parametrize("cs, msg", [
+    (ConstraintSet([Clause([Literal("")])]), "empty"),
+    (ConstraintSet([Clause([Literal("   ")], name="blank")]), "blank"),
+    (ConstraintSet([Clause([Literal("dog")], name="need-dog"), Clause([Literal("dog", False)], name="no-dog")]),
+     "no-dog"),
+    (ConstraintSet([Clause([Literal("Dog")], name="need-dog")], [CountConstraint(["dog"], 0, name="nodogs")]),
+     "nodogs"),
+    (ConstraintSet([Clause([Literal("dog"), Literal("dog", False)], name="taut")]), "taut"),
+    (ConstraintSet([Clause([], name="nolits")]), "nolits"),
+    (ConstraintSet([Clause([Literal("dog")], positions=[0], name="badpos")]), "badpos"),
+])
+def test_bad_constraints_raise_naming_clause(tiny_gpt2, cs, msg):
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, cfg())
+    with pytest.raises(ConstraintError, match=msg):
+        dec.decode(["A dog"], [cs])
+
+
+def test_phrase_tokenizing_to_nothing_names_clause():
+    cs = ConstraintSet([Clause([Literal("dog")], name="first"), Clause([Literal("zzz")], name="ghost")])
+    with pytest.raises(ConstraintError, match="ghost.*tokenizes to nothing"):
+        validate(cs, encode=lambda s: [] if "zzz" in s else [1])
+
+
+def test_head_larger_than_tokenizer_and_no_constraint_matches_hf_beam():
+    import transformers as tf
+
+    _, tok = tiny_model("gpt2")
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=len(tok) + 37, n_positions=64, n_embd=32, n_layer=1,
+                                             n_head=2, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                             bos_token_id=tok.bos_token_id)).eval()
+    c = DecodingConfig(beam_size=4, num_return=4, max_new_tokens=8, min_new_tokens=1, length_penalty=0.0, batch_size=2)
+    dec = NeuroLogicDecoder(model, tok, c)
+    prompts = ["A dog is", "Compared to cars, trains"]
+    res = dec.decode(prompts, [ConstraintSet(), None])
+    banned = [i for i in tok.all_special_ids if i != tok.eos_token_id] + list(range(len(tok), len(tok) + 37))
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model.generate(**enc, num_beams=4, num_return_sequences=1, max_new_tokens=8, min_new_tokens=1,
+                             length_penalty=0.0, early_stopping=True, do_sample=False, suppress_tokens=banned,
+                             pad_token_id=tok.pad_token_id)
+    for i, gens in enumerate(res):
+        hf = tok.decode(out[i, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+        assert gens[0].text == hf
+        assert all(0 <= t for t in tok(gens[0].text)["input_ids"])
+
+
+def test_seq2seq_decoder():
+    model, tok = tiny_model("bart")
+    dec = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=10, beam_size=4, num_return=2))
+    cs = ConstraintSet([Clause([Literal("dog")]), Clause([Literal("the", False)])])
+    gens = dec.decode(["Dogs are loyal companions."], [cs])[0]
+    assert gens
+    for g in gens:
+        assert g.all_satisfied and check(g.text, cs), g.text
+
+
+def test_batching_each_prompt_own_constraints(tiny_gpt2):
+    model, tok = tiny_gpt2
+    words = ["dog", "water", "people", "often", "cat"]
+    sets = [ConstraintSet([Clause([Literal(w)]), Clause([Literal(words[(i + 1) % 5], False)])])
+            for i, w in enumerate(words)]
+    prompts = [f"Prompt number {i} is" for i in range(5)]
+    res = NeuroLogicDecoder(model, tok, cfg(batch_size=2)).decode(prompts, sets, progress=True)
+    for gens, cs, w in zip(res, sets, words):
+        assert gens
+        for g in gens:
+            assert check(g.text, cs) and occurrences(g.text, w), (w, g.text)
+
+
+def _restrict(model, tok, pieces):
+    ids = [tok.convert_tokens_to_ids(t) for t in pieces] + [tok.eos_token_id]
+    assert all(i is not None and i != tok.unk_token_id for i in ids), pieces
+    mask = torch.full((model.config.vocab_size,), float("-inf"))
+    mask[ids] = 0
+    return model.lm_head.register_forward_hook(lambda m, i, o: o + mask)
+
+
+def test_any_tokenization_counts():
+    """'cat' spelled 'Ġc'+'a'+'t' (not the canonical 'Ġc'+'at') is still the word 'cat'."""
+    model, tok = tiny_model("gpt2", seed=1)
+    h = _restrict(model, tok, ["Ġc", "a", "t", "at", "Ġdog", "."])
+    try:
+        c = cfg(beta=0.0, max_new_tokens=8)
+        forbid = ConstraintSet([Clause([Literal("cat", False)]), Clause([Literal("a", False)])])
+        for g in NeuroLogicDecoder(model, tok, c).decode(["A dog"], [forbid])[0]:
+            assert not occurrences(g.text, "cat") and not occurrences(g.text, "a"), g.text
+    finally:
+        h.remove()
+    h = _restrict(model, tok, ["Ġc", "a", "t", "Ġdog", "."])  # no 'at': only c+a+t spells cat
+    try:
+        need = ConstraintSet([Clause([Literal("cat")])])
+        gens = NeuroLogicDecoder(model, tok, cfg(beta=2.0, max_new_tokens=8)).decode(["A dog"], [need])[0]
+        assert gens and all(g.all_satisfied and occurrences(g.text, "cat") for g in gens)
+    finally:
+        h.remove()
+
+
+def test_no_repeat_ngram_and_gemma_arch():
+    model, tok = tiny_model("gemma")  # sliding-window cache layers, SentencePiece-style tokenizer
+    dec = NeuroLogicDecoder(model, tok, cfg(no_repeat_ngram_size=2, max_new_tokens=14, beta=0.0))
+    seen = {}
+    orig = dec._collect
+
+    def spy(cp, css, fin_seq, fin_lp, fin_S, fin_n, *rest):
+        seen["seq"], seen["n"], seen["S"] = fin_seq.clone(), fin_n.clone(), fin_S.clone()
+        return orig(cp, css, fin_seq, fin_lp, fin_S, fin_n, *rest)
+
+    dec._collect = spy
+    cs = ConstraintSet([Clause([Literal("the", False)])], [CountConstraint(["a", "of"], 1)])
+    res = dec.decode(["A dog is", "Ovens have"], [cs, cs])
+    for gens in res:
+        assert gens and all(check(g.text, cs) for g in gens)
+    checked = 0
+    for b in range(2):
+        for r in range(seen["seq"].shape[1]):
+            if math.isfinite(float(seen["S"][b, r])):
+                ids = seen["seq"][b, r, : int(seen["n"][b, r])].tolist()
+                grams = list(zip(ids, ids[1:]))
+                assert len(grams) == len(set(grams)), ids
+                checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.slow
+def test_packaged_gemma(gemma):
+    model, tok = gemma
+    dec = NeuroLogicDecoder(model, tok, DecodingConfig(beam_size=4, num_return=2, max_new_tokens=12, batch_size=2,
+                                                       beta=1.25))
+    cs = ConstraintSet([Clause([Literal("often")]), Clause([Literal("bicycle", False)])],
+                       [CountConstraint(["the", "a", "of"], 1)])
+    for gens in dec.decode(["Generally, a bicycle", "Dogs are"], [cs, cs]):
+        for g in gens:
+            assert check(g.text, cs), g.text
+
+
+def test_stop_strings_end_hypotheses_at_sentence_end(lm):
+    """With stop_strings a hypothesis finishes at its first sentence end: one generic, one sentence."""
+    model, tok = lm
+    cs = ConstraintSet([Clause([Literal(".")]), Clause([Literal("dog")])])
+    dec = NeuroLogicDecoder(model, tok, cfg(stop_strings=[".", "\n"], max_new_tokens=16))
+    for gens in dec.decode(PROMPTS[:2], [cs, cs]):
+        assert gens
+        for g in gens:
+            if g.all_satisfied:
+                assert g.text.endswith(".") and g.text.count(".") == 1, g.text
+                assert "\n" not in g.text
+            assert check(g.text, cs) == g.all_satisfied, g.text
