@@ -1,0 +1,1 @@
+"""Critic: a supervised valid/invalid classifier for generated knowledge (train, score, choose δ)."""

@@ -2,7 +2,7 @@
 
 from .constraints import (Clause, ConstraintError, ConstraintSet, CountConstraint, DynamicClause, Literal,
                           canonical_word, split_words, validate, word_variants)
-from .search import DecodingConfig, Generation, NeuroLogicDecoder
+from .neurologic import DecodingConfig, Generation, NeuroLogicDecoder
 
 __all__ = ["Literal", "Clause", "CountConstraint", "DynamicClause", "ConstraintSet", "DecodingConfig",
            "NeuroLogicDecoder", "Generation", "ConstraintError", "split_words", "canonical_word", "word_variants",
