@@ -1,0 +1,92 @@
+"""The supervised critic (I2D2 §2.3; NeuroComparatives' knowledge discriminator, §2.3.4 / App. B).
+
+A binary sequence classifier (label 1 = valid statement) fine-tuned with cross-entropy. Validation keeps
+the epoch's P(valid) scores and logs loss, average precision and precision at a target recall (the
+early-stopping metric NeuroComparatives monitors, P@R=0.8).
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import torch
+from torchmetrics.classification import BinaryAveragePrecision, BinaryPrecisionAtFixedRecall
+
+from i2d2.models import load_classifier
+
+VALID = 1
+ID2LABEL = {0: "invalid", 1: "valid"}
+
+
+class CriticModule(L.LightningModule):
+    def __init__(self, name: str = "packaged:minilm", lr: float = 5e-5, weight_decay: float = 0.01,
+                 warmup_ratio: float = 0.1, target_recall: float = 0.8, dropout: float | None = None,
+                 model=None, tokenizer=None):
+        super().__init__()
+        self.save_hyperparameters(ignore=["model", "tokenizer"])
+        if model is None:
+            model, tokenizer = load_classifier(name, num_labels=2)
+        self.model, self.tokenizer = model, tokenizer
+        self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes (dropout on)
+        self.model.config.id2label = dict(ID2LABEL)
+        self.model.config.label2id = {v: k for k, v in ID2LABEL.items()}
+        if dropout is not None:
+            for m in self.model.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = float(dropout)
+        self.val_ap = BinaryAveragePrecision()
+        self.val_p_at_r = BinaryPrecisionAtFixedRecall(min_recall=target_recall)
+        self._val_scores: list[torch.Tensor] = []
+        self._val_labels: list[torch.Tensor] = []
+        self.val_result: tuple[np.ndarray, np.ndarray] | None = None  # (labels, scores) of the last val epoch
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(**kwargs, labels=labels)
+
+    def training_step(self, batch, batch_idx):
+        out = self(**batch)
+        self.log("train/loss", out.loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(batch["labels"]))
+        return out.loss
+
+    def validation_step(self, batch, batch_idx):
+        out = self(**batch)
+        p_valid = out.logits.float().softmax(-1)[:, VALID]
+        y = batch["labels"]
+        self.val_ap.update(p_valid, y)
+        self.val_p_at_r.update(p_valid, y)
+        self._val_scores.append(p_valid.detach().cpu())
+        self._val_labels.append(y.detach().cpu())
+        self.log("val/loss", out.loss, prog_bar=True, on_epoch=True, batch_size=len(y), sync_dist=True)
+
+    def on_validation_epoch_start(self):
+        self._val_scores, self._val_labels = [], []
+
+    def on_validation_epoch_end(self):
+        precision, _ = self.val_p_at_r.compute()
+        self.log("val/ap", self.val_ap.compute(), prog_bar=True, sync_dist=True)
+        self.log("val/p_at_r", precision, prog_bar=True, sync_dist=True)
+        self.val_ap.reset()
+        self.val_p_at_r.reset()
+        if self._val_scores:
+            self.val_result = (torch.cat(self._val_labels).numpy(), torch.cat(self._val_scores).numpy())
+
+    def predict_step(self, batch, batch_idx):
+        batch = {k: v for k, v in batch.items() if k != "labels"}
+        return self(**batch).logits.float().softmax(-1)[:, VALID]
+
+    def configure_optimizers(self):
+        from transformers import get_linear_schedule_with_warmup
+
+        no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+        params = [
+            {"params": [p for n, p in self.model.named_parameters() if not n.endswith(no_decay)],
+             "weight_decay": self.hparams.weight_decay},
+            {"params": [p for n, p in self.model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(params, lr=self.hparams.lr)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        sched = get_linear_schedule_with_warmup(opt, int(self.hparams.warmup_ratio * total), total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,77 @@
+"""Ranking metrics for the critic and the threshold δ (vectorised numpy / sklearn)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def average_precision(y, scores) -> float:
+    from sklearn.metrics import average_precision_score
+
+    y = np.asarray(y)
+    if len(set(y.tolist())) < 2:
+        return float("nan")
+    return float(average_precision_score(y, np.asarray(scores, dtype=float)))
+
+
+def precision_recall_at(y, scores, delta: float) -> tuple[float, float, int]:
+    """Precision, recall and number kept of the rule ``score > delta`` (the filter's rule)."""
+    y = np.asarray(y).astype(bool)
+    keep = np.asarray(scores, dtype=float) > delta
+    n_keep = int(keep.sum())
+    tp = int((keep & y).sum())
+    precision = tp / n_keep if n_keep else 1.0
+    recall = tp / int(y.sum()) if y.any() else 0.0
+    return float(precision), float(recall), n_keep
+
+
+def _cuts(y, scores):
+    """For every distinct score v (descending): precision/recall of keeping ``score >= v``."""
+    y = np.asarray(y).astype(float)
+    s = np.asarray(scores, dtype=float)
+    order = np.argsort(-s, kind="mergesort")
+    s, y = s[order], y[order]
+    tp = np.cumsum(y)
+    n = np.arange(1, len(y) + 1)
+    last = np.r_[s[1:] != s[:-1], True]  # last index of each run of tied scores
+    values, tp, n = s[last], tp[last], n[last]
+    precision = tp / n
+    recall = tp / max(y.sum(), 1)
+    return values, precision, recall
+
+
+def precision_at_recall(y, scores, min_recall: float = 0.8) -> float:
+    """Best precision among thresholds whose recall is at least ``min_recall`` (NeuroComparatives App. B)."""
+    _, p, r = _cuts(y, scores)
+    ok = r >= min_recall - 1e-12
+    return float(p[ok].max()) if ok.any() else 0.0
+
+
+def choose_delta(y, scores, target_precision: float) -> dict:
+    """The threshold δ with the most recall whose kept set ``score > δ`` reaches ``target_precision``.
+
+    δ sits halfway between the last kept score and the next lower one, so ``score > δ`` keeps exactly
+    the chosen set on this data and generalises smoothly. If no threshold reaches the target, the most
+    precise one is used and ``reached`` is False.
+    Returns ``dict(delta, precision, recall, n_kept, reached)``.
+    """
+    values, p, r = _cuts(y, scores)
+    if len(values) == 0:
+        raise ValueError("choose_delta needs at least one scored example")
+    ok = p >= target_precision - 1e-12
+    reached = bool(ok.any())
+    if reached:
+        best = r[ok].max()  # most recall; among equal recall the highest threshold (fewest false positives)
+        i = int(np.flatnonzero(ok & (r == best))[0])
+    else:
+        i = int(np.argmax(p))
+        log.warning("no threshold reaches precision %.3f on validation; best is %.3f at recall %.3f",
+                    target_precision, p[i], r[i])
+    lower = values[i + 1] if i + 1 < len(values) else values[i] - max(1e-6, abs(values[i]) * 1e-6)
+    delta = float((values[i] + lower) / 2)
+    precision, recall, n_keep = precision_recall_at(y, scores, delta)
+    return {"delta": delta, "precision": precision, "recall": recall, "n_kept": n_keep, "reached": reached}

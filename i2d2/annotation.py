@@ -1,0 +1,203 @@
+"""Annotation round-trip: sample generations for people to label, read their labels back, accumulate them.
+
+1. ``export_for_annotation(rows, out_path, k_per_concept=4)`` picks k statements per concept, stratified by
+   critic score (one from each score quantile, so labels cover confident and doubtful statements alike),
+   and writes a CSV (spreadsheets, crowd platforms) or JSONL file with an empty ``label`` column plus a
+   short instructions file next to it.
+2. A person fills ``label`` with one of true / false / don't know / garbled (I2D2's four choices) — or the
+   6-way NeuroComparatives labels, or several annotators' labels in ``votes`` (``a|b|c``).
+3. ``import_annotations(path, store_path=...)`` validates the labels (unknown ones reported with file:line)
+   and merges them into the run's labels store (``{run_dir}/annotations/labels.jsonl``), de-duplicated by
+   statement (the newer label wins). The next critic trains on the seed set plus the store
+   (``critic_annotation_paths``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from critics.data import label_mapping, normalize_label, normalize_statement, parse_votes, resolve_annotation_path
+from i2d2.io import DataError, read_csv, read_jsonl, write_csv, write_jsonl, write_text
+
+log = logging.getLogger(__name__)
+
+EXPORT_COLUMNS = ["item_id", "concept", "statement", "label", "votes", "prompt", "critic_score", "source"]
+STORE_NAME = "annotations/labels.jsonl"
+
+INSTRUCTIONS = """\
+# Labelling instructions
+
+Each row is a statement a language model wrote about the concept in column `concept`.
+Judge it with general world knowledge and write one label in the `label` column:
+
+- `true`      - true, or true in general (exceptions are fine: "birds can fly").
+- `false`     - false or unreasonable as a general claim about the world.
+- `garbled`   - not judgeable as written: garbled or incomplete, too vague (you would have to ask
+                what is meant), a piece of a story about particular people, or too specific to one
+                situation, place or person.
+- `dont_know` - it reads like a fact, but you cannot tell whether it is true without looking it up.
+
+Several annotators: put their labels in `votes` separated by `|` (e.g. `true|true|false`) and leave
+`label` empty; the majority label is used. Leave a row's `label` and `votes` empty to skip it.
+Do not edit `item_id`, `statement` or `concept`.
+"""
+
+
+def labels_store(run_dir: str | Path) -> Path:
+    """Where a run accumulates imported labels across iterations."""
+    return Path(run_dir) / STORE_NAME
+
+
+def critic_annotation_paths(seed_annotations: Iterable[str | Path] = ("generics_seed.jsonl",),
+                            run_dir: str | Path | None = None) -> list[Path]:
+    """Files the next critic trains on: the seed set(s), then the run's labels store if it exists (later wins)."""
+    paths = [resolve_annotation_path(p) for p in seed_annotations]
+    if run_dir is not None and labels_store(run_dir).exists():
+        paths.append(labels_store(run_dir))
+    return paths
+
+
+def _stratified_pick(scores: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """One random index from each of ``k`` equal-size score quantile bins (all indices if n <= k)."""
+    n = len(scores)
+    if n <= k:
+        return np.arange(n)
+    order = np.argsort(scores, kind="stable")
+    return np.array([rng.choice(b) for b in np.array_split(order, k)])
+
+
+def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_concept: int = 4,
+                          text_key: str = "statement", concept_key: str = "concept", score_key: str = "critic_score",
+                          seed: int = 0, exclude: Iterable[str] = (), fmt: str | None = None) -> list[dict]:
+    """Write a sample of ``rows`` to label: ``k_per_concept`` statements per concept, stratified by score.
+
+    ``rows`` need ``text_key`` and ``concept_key``; with ``score_key`` present the pick is one statement per
+    score quantile of the concept, otherwise uniform. Statements in ``exclude`` (already labelled) and
+    duplicates are skipped. ``fmt`` is 'csv' or 'jsonl' (default: from the suffix). Returns the exported rows.
+    """
+    out_path = Path(out_path)
+    fmt = fmt or ("csv" if out_path.suffix.lower() == ".csv" else "jsonl")
+    seen = {normalize_statement(s) for s in exclude}
+    by_concept: dict[str, list[dict]] = {}
+    for i, row in enumerate(rows):
+        if text_key not in row or concept_key not in row:
+            raise DataError(f"row {i}: needs fields {text_key!r} and {concept_key!r}, has {sorted(row)}")
+        key = normalize_statement(row[text_key])
+        if not key or key in seen:
+            continue
+        seen.add(key)
+        by_concept.setdefault(str(row[concept_key]), []).append(row)
+    rng = np.random.default_rng(seed)
+    out = []
+    for concept in sorted(by_concept):
+        cands = by_concept[concept]
+        if all(score_key in r and r[score_key] is not None for r in cands):
+            picks = _stratified_pick(np.array([float(r[score_key]) for r in cands]), k_per_concept, rng)
+        else:
+            picks = rng.permutation(len(cands))[:k_per_concept]
+        for j in sorted(picks.tolist()):
+            r = cands[j]
+            out.append({
+                "item_id": f"{len(out):06d}", "concept": concept, "statement": str(r[text_key]).strip(),
+                "label": "", "votes": "", "prompt": r.get("prompt", ""),
+                "critic_score": None if r.get(score_key) is None else float(r[score_key]),
+                "source": r.get("source") or r.get("prompt_id", ""),
+            })
+    if fmt == "csv":
+        write_csv(out_path, out, EXPORT_COLUMNS)
+    elif fmt == "jsonl":
+        write_jsonl(out_path, out)
+    else:
+        raise ValueError(f"fmt must be 'csv' or 'jsonl', not {fmt!r}")
+    write_text(out_path.with_name(out_path.stem + ".instructions.md"), INSTRUCTIONS)
+    log.info("exported %d statements over %d concepts to %s", len(out), len(by_concept), out_path)
+    return out
+
+
+def _read_labelled(path: Path) -> list[tuple[int, dict]]:
+    if path.suffix.lower() == ".csv":
+        return [(r.pop("_line"), r) for r in read_csv(path, required=("statement", "concept"))]
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                    if not isinstance(row, dict):
+                        raise ValueError("expected a JSON object")
+                except ValueError as e:
+                    raise DataError(f"{path}:{lineno}: broken row ({e})") from None
+                out.append((lineno, row))
+    return out
+
+
+def import_annotations(path: str | Path, store_path: str | Path | None = None, label_map: Mapping | None = None,
+                       on_error: str = "raise", errors: list | None = None, iteration: int | None = None) -> list[dict]:
+    """Read a labelled export back; return the labelled rows and merge them into ``store_path`` if given.
+
+    Labels are normalised (``"Don't Know"`` -> ``dont_know``) and must be known to ``label_map``; an unknown
+    label or a broken row raises ``DataError('file:line: ...')`` or, with ``on_error='skip'``, is appended to
+    ``errors``. Rows with neither label nor votes are unlabelled and skipped. Every other column comes back
+    unchanged (``critic_score`` as a float).
+    """
+    path = Path(path)
+    known = label_mapping(label_map)
+    out, unlabelled = [], 0
+    for lineno, row in _read_labelled(path):
+        try:
+            statement = str(row.get("statement") or "").strip()
+            if not statement or not str(row.get("concept") or "").strip():
+                raise ValueError("missing 'statement' or 'concept'")
+            votes = parse_votes(row.get("votes"))
+            raw = row.get("label")
+            if (raw is None or str(raw).strip() == "") and not votes:
+                unlabelled += 1
+                continue
+            label = normalize_label(raw) if raw is not None and str(raw).strip() else ""
+            bad = [v for v in ([label] if label else []) + [normalize_label(v) for v in votes] if v not in known]
+            if bad:
+                raise ValueError(f"unknown label(s) {bad}; known: {sorted(known)}")
+        except ValueError as e:
+            msg = f"{path}:{lineno}: {e}"
+            if on_error == "raise":
+                raise DataError(msg) from None
+            if errors is not None:
+                errors.append(msg)
+            continue
+        rec = dict(row)
+        rec.update(statement=statement, label=label, votes=[normalize_label(v) for v in votes])
+        if rec.get("critic_score") not in (None, ""):
+            rec["critic_score"] = float(rec["critic_score"])
+        else:
+            rec["critic_score"] = None
+        if iteration is not None:
+            rec["iteration"] = iteration
+        rec["imported_from"] = str(path)
+        out.append(rec)
+    log.info("imported %d labelled statements from %s (%d unlabelled skipped)", len(out), path, unlabelled)
+    if store_path is not None:
+        merge_labels(store_path, out)
+    return out
+
+
+def merge_labels(store_path: str | Path, new_rows: Sequence[dict]) -> dict:
+    """Merge labelled rows into the JSONL store, de-duplicated by statement (newer label wins); atomic."""
+    store_path = Path(store_path)
+    old = read_jsonl(store_path) if store_path.exists() else []
+    merged: dict[str, dict] = {normalize_statement(r["statement"]): r for r in old}
+    n_updated = 0
+    for r in new_rows:
+        key = normalize_statement(r["statement"])
+        if key in merged:
+            n_updated += 1
+            del merged[key]
+        merged[key] = r
+    write_jsonl(store_path, merged.values())
+    stats = {"n_total": len(merged), "n_new": len(new_rows) - n_updated, "n_updated": n_updated}
+    log.info("labels store %s: %s", store_path, stats)
+    return stats

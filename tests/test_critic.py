@@ -1,0 +1,277 @@
+"""Critic: annotation reading, grouped split, δ selection, filter, tiny critic training + scoring."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from critics.data import (ANNOTATION_DIR, LoadReport, aggregate_votes, grouped_split, load_annotations,
+                          normalize_label)
+from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
+from i2d2.filtering import filter_and_write, threshold_filter
+from i2d2.io import DataError, read_jsonl
+
+SEED = ANNOTATION_DIR / "generics_seed.jsonl"
+
+
+def _jsonl(path, lines):
+    path.write_text("\n".join(l if isinstance(l, str) else json.dumps(l) for l in lines) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- seed data
+
+def test_seed_set_covers_every_kind_and_many_concepts():
+    rows = [json.loads(l) for l in SEED.read_text().splitlines()]
+    assert len(rows) >= 400
+    assert len({r["concept"] for r in rows}) >= 60
+    kinds = {r["kind"] for r in rows}
+    assert {"valid", "false", "vague", "garbled", "narrative", "too_specific", "dont_know"} <= kinds
+    loaded = load_annotations([SEED])  # every label is known to the default map
+    assert 0.3 < np.mean([r["y"] for r in loaded]) < 0.7
+
+
+# ----------------------------------------------------------------------------- labels
+
+def test_label_normalisation_covers_both_papers_schemes(tmp_path):
+    assert normalize_label("(Generally) True") == "true"
+    assert normalize_label("Don't Know") == "dont_know"
+    assert normalize_label("Huh???") == "huh"
+    assert normalize_label("Too vague to judge") == "too_vague_to_judge"
+    p = _jsonl(tmp_path / "a.jsonl", [
+        {"statement": "Dogs bark.", "label": "(Generally) True", "concept": "dog"},
+        {"statement": "Dogs fly.", "label": "False", "concept": "dog"},
+        {"statement": "Dogs are a thing.", "label": "Huh???", "concept": "dog"},
+        {"statement": "Dogs descend from wolves.", "label": "Don't know", "concept": "dog"},
+        {"statement": "Compared to cats, dogs are louder.", "label": "True", "concept": "cat|dog"},
+        {"statement": "Compared to cats, dogs are nicer.", "label": "Too subjective to judge", "concept": "cat|dog"},
+        {"statement": "Compared to cats, dogs have more.", "label": "Too vague to judge", "concept": "cat|dog"},
+        {"statement": "Compared to cats, dogs have more alleles.", "label": "Too unfamiliar to judge", "concept": "cat|dog"},
+        {"statement": "Compared to cats, dogs always on.", "label": "Invalid", "concept": "cat|dog"},
+    ])
+    report = LoadReport()
+    rows = load_annotations([p], report=report)
+    assert [r["y"] for r in rows] == [1, 0, 0, 1, 0, 0, 0]
+    assert report.dropped == {"dont_know": 1, "too_unfamiliar_to_judge": 1}
+    # the mapping is configurable: count "don't know" as invalid instead of dropping it
+    rows = load_annotations([p], label_map={"true": 1, "false": 0, "huh": 0, "dont_know": 0,
+                                            "too_subjective_to_judge": 0, "too_vague_to_judge": 0,
+                                            "too_unfamiliar_to_judge": 0, "invalid": 0})
+    assert len(rows) == 9 and sum(r["y"] for r in rows) == 2
+
+
+def test_majority_vote_aggregation(tmp_path):
+    assert aggregate_votes(["true", "True", "false"]) == "true"
+    assert aggregate_votes(["true", "false", "garbled"]) is None
+    assert aggregate_votes(["Huh???", "huh", "true"]) == "huh"
+    p = tmp_path / "votes.csv"
+    with open(p, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["statement", "label", "concept", "votes"])
+        w.writerow(["Owls hunt at night.", "", "owl", "true|true|false"])
+        w.writerow(["Owls are made of glass.", "", "owl", "false|false|don't know"])
+        w.writerow(["Owls are owls of the.", "", "owl", "true|false|garbled"])
+        w.writerow(["Owls can swim.", "false", "owl", "true|true|true"])  # an explicit label wins
+    report = LoadReport()
+    rows = load_annotations([p], report=report)
+    assert [(r["statement"], r["y"]) for r in rows] == [
+        ("Owls hunt at night.", 1), ("Owls are made of glass.", 0), ("Owls can swim.", 0)]
+    assert report.no_majority == 1
+
+
+def test_unknown_labels_and_broken_rows_reported_with_line_numbers(tmp_path):
+    p = _jsonl(tmp_path / "bad.jsonl", [
+        {"statement": "Cows eat grass.", "label": "true", "concept": "cow"},
+        {"statement": "Cows fly.", "label": "false", "concept": "cow"},
+        '{"statement": "broken json", "label": ',
+        {"statement": "Cows moo.", "label": "true", "concept": "cow"},
+        {"statement": "Cows are purple.", "label": "maybe", "concept": "cow"},
+        {"statement": "Cows give milk.", "label": "true"},
+        {"statement": "Cows vote.", "votes": ["false", "nope"], "concept": "cow"},
+    ])
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: broken row"):
+        load_annotations([p])
+    report = LoadReport()
+    rows = load_annotations([p], on_error="skip", report=report)
+    assert [r["statement"] for r in rows] == ["Cows eat grass.", "Cows fly.", "Cows moo."]
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in report.errors] == ["3", "5", "6", "7"]
+    assert "unknown label 'maybe'" in report.errors[1] and "concept" in report.errors[2]
+    assert "nope" in report.errors[3]
+    # CSV: line numbers count the header as line 1
+    c = tmp_path / "bad.csv"
+    c.write_text("statement,label,concept\nCows eat grass.,true,cow\nCows fly.,sorta,cow\n")
+    with pytest.raises(DataError, match=r"bad\.csv:3: unknown label 'sorta'"):
+        load_annotations([c])
+    c.write_text("statement,label\nCows eat grass.,true\n")
+    with pytest.raises(DataError, match=r"bad\.csv:1: header lacks column\(s\) concept"):
+        load_annotations([c])
+
+
+def test_later_annotation_file_overrides_earlier(tmp_path):
+    a = _jsonl(tmp_path / "a.jsonl", [{"statement": "Frogs can jump.", "label": "false", "concept": "frog"},
+                                      {"statement": "Frogs are green.", "label": "true", "concept": "frog"}])
+    b = _jsonl(tmp_path / "b.jsonl", [{"statement": "frogs can jump", "label": "true", "concept": "frog"}])
+    report = LoadReport()
+    rows = load_annotations([a, b], report=report)
+    assert len(rows) == 2 and report.duplicates == 1
+    assert {r["statement"]: r["y"] for r in rows}["frogs can jump"] == 1
+
+
+# ----------------------------------------------------------------------------- split
+
+def test_grouped_split_leaks_no_concept():
+    rows = load_annotations([SEED])
+    concepts = [r["concept"] for r in rows]
+    ys = [r["y"] for r in rows]
+    for seed in range(5):
+        tr, va = grouped_split(concepts, ys, val_fraction=0.2, seed=seed)
+        assert sorted(np.r_[tr, va].tolist()) == list(range(len(rows)))
+        assert not {concepts[i] for i in tr} & {concepts[i] for i in va}
+        assert {ys[i] for i in va} == {0, 1} and {ys[i] for i in tr} == {0, 1}
+        assert 0.1 < len(va) / len(rows) < 0.3
+
+
+# ----------------------------------------------------------------------------- metrics and δ
+
+Y = np.array([1, 1, 1, 0, 1, 0, 1, 0, 0, 1, 0, 0])
+S = np.array([.95, .9, .85, .8, .75, .7, .65, .6, .55, .5, .45, .4])
+
+
+def test_choose_delta_reaches_requested_precision_with_most_recall():
+    for target in (0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0):
+        d = choose_delta(Y, S, target)
+        assert d["reached"] and d["precision"] >= target
+        # brute force: no threshold reaching the target keeps more valid statements
+        best = max(precision_recall_at(Y, S, t)[1] for t in np.r_[S - 1e-9, 1.0]
+                   if precision_recall_at(Y, S, t)[0] >= target)
+        assert d["recall"] == pytest.approx(best)
+    # worked example: keeping the top 3 gives precision 1.0; top 5 gives 0.8 (recall 4/6); top 7 gives 5/7
+    d = choose_delta(Y, S, 0.8)
+    assert d["delta"] == pytest.approx(0.725) and d["n_kept"] == 5 and d["recall"] == pytest.approx(4 / 6)
+    assert choose_delta(Y, S, 1.0)["delta"] == pytest.approx(0.825)
+    # ties: a threshold can only cut between distinct scores
+    d = choose_delta([1, 1, 0, 1], [0.9, 0.5, 0.5, 0.1], 0.9)
+    assert d["n_kept"] == 1 and d["delta"] == pytest.approx(0.7)
+    # unreachable target: fall back to the most precise cut and say so
+    d = choose_delta([0, 1, 1], [0.9, 0.5, 0.4], 0.95)
+    assert not d["reached"] and d["precision"] == pytest.approx(2 / 3)
+
+
+def test_precision_at_recall_and_ap():
+    assert precision_at_recall(Y, S, 0.8) == pytest.approx(5 / 7)  # top 7 reach recall 5/6 >= 0.8
+    assert precision_at_recall(Y, S, 1.0) == pytest.approx(6 / 10)
+    assert average_precision([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1]) == pytest.approx((1 + 2 / 3) / 2)
+
+
+def test_threshold_filter_keeps_scores_above_delta(tmp_path):
+    rows = [{"generation": f"g{i}", "prompt_id": i} for i in range(5)]
+    kept, dropped = threshold_filter(rows, np.array([0.9, 0.5, 0.2, 0.51, 0.5]), 0.5)
+    assert [r["prompt_id"] for r in kept] == [0, 3] and [r["prompt_id"] for r in dropped] == [1, 2, 4]
+    assert kept[0]["critic_score"] == pytest.approx(0.9) and "critic_score" not in rows[0]
+    with pytest.raises(ValueError, match="5 rows but 4 scores"):
+        threshold_filter(rows, [0.1] * 4, 0.5)
+    summary = filter_and_write(rows, [0.9, 0.5, 0.2, 0.51, 0.5], 0.5, tmp_path / "filtered")
+    assert summary["n_kept"] == 2 and summary["n_dropped"] == 3
+    assert [r["generation"] for r in read_jsonl(tmp_path / "filtered" / "kept.jsonl")] == ["g0", "g3"]
+    assert not list((tmp_path / "filtered").glob(".*tmp"))
+
+
+# ----------------------------------------------------------------------------- training and scoring
+
+@pytest.fixture(scope="module")
+def tiny_critic(tmp_path_factory):
+    from omegaconf import OmegaConf
+
+    from critics.train import train_critic
+    from i2d2.models import tiny_model
+
+    out = tmp_path_factory.mktemp("critic")
+    cfg = OmegaConf.load(ANNOTATION_DIR.parents[2] / "conf" / "critic" / "minilm.yaml")
+    cfg.merge_with({"name": "tiny:roberta", "max_epochs": 3, "lr": 1e-3, "patience": 0, "batch_size": 32})
+    trainer_cfg = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1,
+                   "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 2}
+    res = train_critic(cfg, [SEED], out, trainer_cfg, lm=tiny_model("gpt2"))
+    return cfg, trainer_cfg, out, res
+
+
+def test_tiny_critic_trains_and_writes_outputs(tiny_critic):
+    import pandas as pd
+
+    cfg, _, out, res = tiny_critic
+    for f in ("pr_curve.png", "score_histogram.png", "perplexity_histogram.png", "val_scores.jsonl",
+              "metrics.json", "split.json", "model/config.json", "model/critic_meta.json", "epochs/pr_curve.png"):
+        assert (out / f).exists(), f
+    assert not (out / "checkpoints").exists()  # removed once the model folder is in place
+    assert (out / "pr_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert res["n_train"] + res["n_val"] == 440
+    split = json.loads((out / "split.json").read_text())
+    assert not set(split["train_concepts"]) & set(split["val_concepts"])
+    # the critic learnt something: training loss went down and it ranks held-out statements above chance
+    log = pd.read_csv(next(out.glob("logs/*/metrics.csv")))
+    epoch_loss = log["train/loss_epoch"].dropna().to_numpy()
+    assert len(epoch_loss) == 3 and epoch_loss[-1] < epoch_loss[0]
+    assert res["ap"] > res["val_valid_rate"] + 0.05
+    # δ was chosen on validation to reach the target precision, and the reported numbers are those of score > δ
+    val = read_jsonl(out / "val_scores.jsonl")
+    y = np.array([r["y"] for r in val])
+    s = np.array([r["critic_score"] for r in val])
+    p, r, _ = precision_recall_at(y, s, res["delta"])
+    assert (p, r) == pytest.approx((res["precision"], res["recall"]))
+    if res["target_precision_reached"]:
+        assert p >= cfg.target_precision
+    assert res["ap_perplexity"] == pytest.approx(average_precision(y, -np.log([v["perplexity"] for v in val])))
+
+
+def test_tiny_critic_scores_and_is_reused(tiny_critic):
+    from critics.scoring import score_texts
+    from critics.train import train_critic
+
+    cfg, trainer_cfg, out, res = tiny_critic
+    val = read_jsonl(out / "val_scores.jsonl")
+    texts = [r["statement"] for r in val]
+    scores = score_texts(res["model_dir"], texts, batch_size=7, progress=False)
+    assert scores.shape == (len(texts),) and ((scores >= 0) & (scores <= 1)).all()
+    np.testing.assert_allclose(scores, [r["critic_score"] for r in val], atol=1e-5)
+    one = score_texts(res["model_dir"], texts[:3][::-1], batch_size=1, progress=False)  # order-independent
+    np.testing.assert_allclose(one, scores[:3][::-1], atol=1e-5)
+    # a finished model folder is reused: no second fit, same numbers; δ can be set directly
+    cfg2 = cfg.copy()
+    cfg2.delta = 0.5
+    again = train_critic(cfg2, [SEED], out, trainer_cfg)
+    assert again["fit_seconds"] is None and again["ap"] == pytest.approx(res["ap"])
+    assert again["delta"] == 0.5 and again["ap_perplexity"] is None
+
+
+def test_critic_config_rejects_unknown_keys():
+    from critics.train import critic_config
+
+    with pytest.raises(ValueError, match="unknown key"):
+        critic_config({"name": "tiny:roberta", "learning_rate": 1e-3})
+
+
+def test_killed_fit_resumes_from_last_checkpoint(tmp_path, caplog):
+    import logging
+    import shutil
+
+    from critics.train import train_critic
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(SEED.read_text().splitlines(keepends=True)[:120]))
+    cfg = {"name": "tiny:roberta", "max_epochs": 1, "lr": 1e-3, "patience": 0, "batch_size": 32,
+           "keep_checkpoints": True, "min_examples": 10}
+    trainer_cfg = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1,
+                   "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1}
+    out = tmp_path / "critic"
+    train_critic(cfg, [small], out, trainer_cfg)
+    assert (out / "checkpoints" / "last.ckpt").exists() and (out / "checkpoints" / "best.ckpt").exists()
+    shutil.rmtree(out / "model")  # as if the run died after epoch 1, before the model folder was written
+    with caplog.at_level(logging.INFO, logger="critics.train"):
+        res = train_critic({**cfg, "max_epochs": 2}, [small], out, trainer_cfg)
+    assert "resuming training from" in caplog.text
+    meta = json.loads((out / "model" / "critic_meta.json").read_text())
+    assert meta["epochs_trained"] == 2 and res["n_train"] + res["n_val"] <= 120
+    import pandas as pd
+
+    second = pd.read_csv(out / "logs" / "version_1" / "metrics.csv")
+    assert set(second["epoch"].dropna().astype(int)) == {1}  # only the missing epoch was trained
