@@ -1,0 +1,158 @@
+"""The four NeuroComparatives filters (§2.3) on a DataFrame of generations, one row per generation.
+
+Columns used: ``pair_id``, ``score`` (the decoder's S), ``statement`` / ``text`` (continuation),
+``aux``/``adverb``/``comparative`` (the literal each clause matched). Each filter returns the kept rows
+(original index preserved) and leaves counting/logging to the recipe's stage wrapper.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+def first_sentence(texts: pd.Series, at_clause: bool = False) -> pd.Series:
+    """Cut each continuation after its first sentence end (generations run on past it).
+
+    ``at_clause`` also cuts at the first comma / semicolon / colon followed by a space and ends the
+    statement there with a full stop ("are typically smaller, lighter, and ..." -> "are typically smaller.").
+    """
+    texts = texts.fillna("").astype(str).str.strip()
+    ends = r"[.!?,;:]" if at_clause else r"[.!?]"
+    cut = texts.str.extract(rf"^(.*?\S)({ends})(?:\s|$)", expand=True)
+    punct = cut[1].replace({",": ".", ";": ".", ":": "."})
+    return (cut[0] + punct).fillna(texts).str.strip()
+
+
+def contains_word(texts: pd.Series, words: pd.Series) -> np.ndarray:
+    """Row-wise: does ``texts[i]`` contain ``words[i]`` as a whole word (case-insensitive)?"""
+    t = (" " + texts.fillna("").str.lower().str.replace(r"[^\w'-]+", " ", regex=True) + " ").to_numpy()
+    w = (" " + words.fillna("\x00").str.lower().str.strip() + " ").to_numpy()
+    return np.char.find(t.astype(str), w.astype(str)) >= 0
+
+
+def best_per_group(df: pd.DataFrame, keys: list[str], score_col: str = "score") -> pd.DataFrame:
+    """The row with the highest score in each group (first on ties), in original order."""
+    if df.empty:
+        return df
+    idx = df.sort_values(score_col, ascending=False, kind="stable").groupby(keys, sort=False, dropna=False).head(1).index
+    return df.loc[df.index.isin(idx)]
+
+
+# ----------------------------------------------------------------------------- 1. deduplication
+
+def cluster_labels(embeddings: np.ndarray, groups: np.ndarray, distance_threshold: float,
+                   linkage: str = "average", metric: str = "cosine") -> np.ndarray:
+    """Agglomerative clusters of sentence embeddings, computed separately within each group (entity pair).
+
+    Returns a global integer cluster id per row. ``distance_threshold`` is in ``metric`` units
+    (cosine distance = 1 - cosine similarity of the embeddings).
+    """
+    from sklearn.cluster import AgglomerativeClustering
+
+    labels = np.full(len(embeddings), -1, dtype=np.int64)
+    codes, uniq = pd.factorize(pd.Series(groups))
+    next_id = 0
+    for g in range(len(uniq)):  # one clustering per entity pair; rows inside are handled by sklearn
+        rows = np.flatnonzero(codes == g)
+        if len(rows) == 1:
+            labels[rows] = next_id
+            next_id += 1
+            continue
+        model = AgglomerativeClustering(n_clusters=None, distance_threshold=distance_threshold,
+                                        linkage=linkage, metric=metric)
+        lab = model.fit_predict(embeddings[rows])
+        labels[rows] = lab + next_id
+        next_id += int(lab.max()) + 1
+    return labels
+
+
+def dedup(df: pd.DataFrame, embeddings: np.ndarray, distance_threshold: float = 0.15, linkage: str = "average",
+          group_col: str = "pair_id", score_col: str = "score") -> pd.DataFrame:
+    """§2.3.1: cluster near-duplicate statements of each pair, keep the best-S one per cluster."""
+    if df.empty:
+        return df.assign(cluster=pd.Series(dtype=np.int64))
+    if len(embeddings) != len(df):
+        raise ValueError(f"dedup: {len(embeddings)} embeddings for {len(df)} rows")
+    out = df.assign(cluster=cluster_labels(np.asarray(embeddings, dtype=np.float32), df[group_col].to_numpy(),
+                                           distance_threshold, linkage))
+    return best_per_group(out, ["cluster"], score_col)
+
+
+# ----------------------------------------------------------------------------- 2. constraint groups
+
+def satisfied_mask(df: pd.DataFrame, keys=("aux", "adverb", "comparative"), text_col: str = "text") -> np.ndarray:
+    """Rows whose every clause matched a literal that still occurs (as a word) in the cleaned text."""
+    ok = np.ones(len(df), dtype=bool)
+    for k in keys:
+        ok &= df[k].notna().to_numpy() & contains_word(df[text_col], df[k])
+    return ok
+
+
+def constraint_groups(df: pd.DataFrame, keys=("aux", "adverb", "comparative"), group_col: str = "pair_id",
+                      score_col: str = "score", text_col: str = "text", require_satisfied: bool = True) -> pd.DataFrame:
+    """§2.3.2: per pair, group by the matched (aux verb, adverb, comparative) and keep the best S.
+
+    With ``require_satisfied`` rows whose clauses were not all matched (or whose matched literals no
+    longer occur in the cleaned text) are dropped first.
+    """
+    keys = list(keys)
+    if df.empty:
+        return df
+    ok = satisfied_mask(df, keys, text_col) if require_satisfied else np.ones(len(df), dtype=bool)
+    kept = df.loc[ok].assign(**{f"_{k}": df.loc[ok, k].str.lower() for k in keys})
+    out = best_per_group(kept, [group_col] + [f"_{k}" for k in keys], score_col)
+    return out.drop(columns=[f"_{k}" for k in keys])
+
+
+# ----------------------------------------------------------------------------- 3. contradictions
+
+def contradiction_counts(C: np.ndarray, E: np.ndarray, c_threshold: float = 0.99, e_threshold: float = 0.85
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Per statement: how many others it contradicts / agrees with (either direction of the pair)."""
+    c = (C > c_threshold) | (C.T > c_threshold)
+    e = ((E > e_threshold) | (E.T > e_threshold)) & ~c
+    np.fill_diagonal(c, False)
+    np.fill_diagonal(e, False)
+    return c.sum(1), e.sum(1)
+
+
+def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_threshold: float = 0.85,
+                         k: int | None = 5, group_col: str = "pair_id", score_col: str = "score",
+                         text_col: str = "statement") -> pd.DataFrame:
+    """§2.3.3: drop statements that contradict the pair's other statements more often than they agree
+    with them, then keep the ``k`` best-S statements per pair. Adds ``n_contradict``/``n_agree``."""
+    if df.empty:
+        return df.assign(n_contradict=pd.Series(dtype=int), n_agree=pd.Series(dtype=int))
+    n_c = np.zeros(len(df), dtype=int)
+    n_e = np.zeros(len(df), dtype=int)
+    codes, uniq = pd.factorize(df[group_col])
+    texts = df[text_col].tolist()
+    for g in range(len(uniq)):  # all ordered pairs of one entity pair's statements at once
+        rows = np.flatnonzero(codes == g)
+        C, E = scorer.matrix([texts[i] for i in rows])
+        n_c[rows], n_e[rows] = contradiction_counts(C, E, c_threshold, e_threshold)
+    out = df.assign(n_contradict=n_c, n_agree=n_e)
+    out = out.loc[out["n_contradict"] <= out["n_agree"]]
+    if k is not None:
+        top = out.sort_values(score_col, ascending=False, kind="stable").groupby(group_col, sort=False).head(int(k))
+        out = out.loc[out.index.isin(top.index)]
+    return out
+
+
+# ----------------------------------------------------------------------------- 4. discriminator cuts
+
+def discriminator_cuts(df: pd.DataFrame, scores: np.ndarray, cuts: dict[str, float]) -> dict[str, pd.DataFrame]:
+    """§3: rank by discriminator P(valid) and keep the top fraction for each cut (NC-XL/L/S = 1.0/0.5/0.2).
+
+    Each cut keeps ``ceil(fraction * n)`` rows, sorted best first, with a ``critic_score`` column.
+    """
+    scored = df.assign(critic_score=np.asarray(scores, dtype=float))
+    ranked = scored.sort_values("critic_score", ascending=False, kind="stable")
+    out = {}
+    for name, frac in cuts.items():
+        if not 0.0 < float(frac) <= 1.0:
+            raise ValueError(f"discriminator cut {name!r}: fraction must be in (0, 1], got {frac}")
+        out[name] = ranked.head(int(np.ceil(float(frac) * len(ranked))))
+    return out

@@ -1,0 +1,51 @@
+"""ComparativeQA export (NeuroComparatives §4, App. E.2).
+
+"Compared to graham crackers, kiwifruits can be considered healthier" becomes
+``Question: Which of the following can be considered healthier? A. graham crackers B. kiwifruits Answer: B``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+PATTERN = re.compile(r"^\s*compared to (?P<e1>.+?), (?P<e2>.+?) (?P<rel>.+?)\s*[.!]?\s*$", re.IGNORECASE)
+
+
+def to_qa(statement: str, entity1: str | None = None, entity2: str | None = None, swap: bool = False) -> dict:
+    """One QA item from a comparative statement; ``entity1``/``entity2`` (the prompt's plural entities)
+    make the split exact when entity names contain commas. ``swap`` lists the answer as option A."""
+    statement = statement.strip()
+    if entity1 is not None and entity2 is not None:
+        head = f"Compared to {entity1}, {entity2} "
+        if not statement.lower().startswith(head.lower()):
+            raise ValueError(f"statement does not start with {head!r}: {statement!r}")
+        rel = statement[len(head):].strip().rstrip(".!").strip()
+        e1, e2 = entity1, entity2
+    else:
+        m = PATTERN.match(statement)
+        if not m:
+            raise ValueError(f"not a 'Compared to X, Y ...' comparative: {statement!r}")
+        e1, e2, rel = m.group("e1"), m.group("e2"), m.group("rel")
+    if not rel:
+        raise ValueError(f"comparative without a relation: {statement!r}")
+    question = f"Which of the following {rel}?"
+    options = {"A": e2, "B": e1} if swap else {"A": e1, "B": e2}
+    answer = "A" if swap else "B"
+    text = f"Question: {question} A. {options['A']} B. {options['B']} Answer: {answer}"
+    return {"question": question, "options": options, "answer": answer, "text": text, "comparative": statement}
+
+
+def export_qa(rows: list[dict], balance: bool = True, seed: int = 0, statement_key: str = "statement") -> list[dict]:
+    """QA items for ``rows`` (each with a statement and optionally plural1/plural2).
+
+    ``balance`` swaps the options of a seeded random half so the answer is not always B.
+    """
+    swaps = np.random.default_rng(seed).random(len(rows)) < 0.5 if balance else np.zeros(len(rows), dtype=bool)
+    out = []
+    for r, s in zip(rows, swaps):
+        item = to_qa(r[statement_key], r.get("plural1"), r.get("plural2"), bool(s))
+        item.update({k: r[k] for k in ("pair_id", "critic_score", "score") if k in r})
+        out.append(item)
+    return out

@@ -1,0 +1,350 @@
+"""NeuroComparatives (neurocomparatives.txt §2-3) as a task: ``python -m i2d2.train task=comparatives``.
+
+Stages, each in ``{run_dir}/iter_{k}/`` and skipped when finished with the same inputs (i2d2.io.run_stage):
+
+  prompts/        entity pairs -> "Compared to X, Y" prompts, worst 30% by LM perplexity dropped,
+                  one prompt row per (pair, aux x adverb pass) with its NeuroLogic ConstraintSet
+  generations/    the shared NeuroLogic generation stage (i2d2.generation.generate_stage)
+  filtered/dedup/          agglomerative clustering of sentence embeddings, best S per cluster   (§2.3.1)
+  filtered/groups/         best S per (pair, aux verb, adverb, comparative)                       (§2.3.2)
+  filtered/contradiction/  drop statements contradicting more than agreeing; k best per pair     (§2.3.3)
+  critic/                  the shared critic trained on comparative annotations                   (§2.3.4)
+  filtered/discriminator/  NC-XL / NC-L / NC-S cuts by critic score                              (§3)
+  filtered/stage_counts.json, metrics.json, comparative_qa.jsonl, report.md
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from i2d2.comparatives import filters as F
+from i2d2.comparatives.entities import BUNDLED, load_classes
+from i2d2.comparatives.metrics import corpus_metrics
+from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows, select_passes
+from i2d2.comparatives.qa import export_qa
+from i2d2.comparatives.wordlists import load_wordlists
+from i2d2.io import DataError, fingerprint, read_jsonl, run_stage, write_json, write_jsonl, write_text
+
+log = logging.getLogger(__name__)
+
+SEED_ANNOTATIONS = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "annotations_seed.jsonl"
+FILTER_STAGES = ("dedup", "groups", "contradiction")
+
+
+def _plain(node):
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _df(path: Path) -> pd.DataFrame:
+    return pd.DataFrame(read_jsonl(path))
+
+
+def _write_df(path: Path, df: pd.DataFrame) -> None:
+    write_jsonl(path, df.to_dict("records"))
+
+
+# ----------------------------------------------------------------------------- stages
+
+def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
+    """Pairs, perplexity filter and (pair, pass) prompt rows into ``out_dir``."""
+    from i2d2.perplexity import perplexity
+
+    data, task = cfg.data, cfg.task
+    wl = load_wordlists(task.wordlists)
+    classes = load_classes(data.classes, data.format, int(data.min_entities),
+                           list(data.wikidata.roots), int(data.wikidata.max_depth))
+    pairs = make_pairs(classes, data.template, bool(data.both_orders), data.max_pairs_per_class, int(cfg.seed))
+    if pairs.empty:
+        raise DataError(f"{data.classes or BUNDLED}: no entity pairs (need classes with >= 2 entities)")
+    pf = data.prompt_filter
+    t0 = time.time()
+    ppl = perplexity(model, tok, pairs["prompt"].tolist(), batch_size=int(pf.batch_size), per=pf.per, progress=True)
+    scored = perplexity_filter(pairs, ppl, float(pf.drop_fraction))
+    _write_df(out_dir / "pairs.jsonl", scored)
+    kept = scored.loc[scored["kept"]]
+    if data.max_pairs is not None and len(kept) > int(data.max_pairs):
+        kept = kept.sample(n=int(data.max_pairs), random_state=int(cfg.seed)).sort_index()
+    passes = select_passes(wl, task.max_passes)
+    c = task.constraints
+    rows = prompt_rows(kept, passes, wl, int(c.top_k), _plain(c.order), _plain(c.negatives))
+    write_jsonl(out_dir / "prompts.jsonl", rows)
+    summary = {"n_classes": len(classes), "n_entities": sum(len(v) for v in classes.values()),
+               "n_pairs": len(pairs), "n_pairs_after_perplexity": int(scored["kept"].sum()),
+               "n_pairs_used": len(kept), "n_passes": len(passes), "n_prompts": len(rows),
+               "perplexity_seconds": round(time.time() - t0, 1),
+               "passes": [f"{a} {d}" for a, d in passes]}
+    log.info("prompts: %d classes, %d pairs -> %d after the perplexity filter -> %d used x %d passes = %d prompts",
+             summary["n_classes"], len(pairs), summary["n_pairs_after_perplexity"], len(kept), len(passes), len(rows))
+    if tracker is not None:
+        tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        cols = ["pair_id", "class", "prompt", "perplexity", "kept"]
+        tracker.log_table("prompts/pairs", cols, scored[cols].head(50).values.tolist())
+    return summary
+
+
+def candidates(gen_rows: list[dict], first_sentence: bool = True, at_clause: bool = False) -> pd.DataFrame:
+    """Generation rows -> one row per non-empty generation with text, statement and matched literals."""
+    df = pd.DataFrame(gen_rows)
+    if df.empty:
+        return df
+    names = df["constraint_names"].map(tuple).unique()
+    if len(names) != 1:
+        raise DataError(f"generations mix constraint layouts {list(names)[:3]}")
+    matched = pd.DataFrame(df["matched"].tolist(), columns=list(names[0]), index=df.index)
+    text = F.first_sentence(df["generation"], at_clause) if first_sentence else df["generation"].fillna("").str.strip()
+    df = df.drop(columns=[c for c in matched.columns if c in df.columns])
+    df = df.assign(text=text, statement=df["prompt"] + " " + text, **{c: matched[c] for c in matched.columns})
+    return df.loc[df["text"].str.len() > 0].reset_index(drop=True)
+
+
+def _filter_stage(name: str, in_path: Path, out_dir: Path, fp_cfg, fn, tracker=None) -> dict:
+    def body(d: Path):
+        df = _df(in_path)
+        t0 = time.time()
+        kept = fn(df) if len(df) else df
+        _write_df(d / "kept.jsonl", kept)
+        summary = {"in": int(len(df)), "out": int(len(kept)), "seconds": round(time.time() - t0, 2)}
+        log.info("filter %s: %d -> %d statements", name, summary["in"], summary["out"])
+        return summary
+
+    summary = run_stage(out_dir, fingerprint(in_path, fp_cfg), body, name=f"filter/{name}")
+    if tracker is not None:
+        tracker.log_metrics({f"filter/{name}/in": summary["in"], f"filter/{name}/out": summary["out"]})
+    return summary
+
+
+def _dedup_fn(fcfg):
+    def fn(df):
+        from i2d2.models import load_sentence_encoder
+
+        enc = load_sentence_encoder(fcfg.encoder)
+        emb = enc.encode(df["text"].tolist(), batch_size=int(fcfg.batch_size), normalize_embeddings=True,
+                         show_progress_bar=len(df) > 256, convert_to_numpy=True)
+        return F.dedup(df, emb, float(fcfg.distance_threshold), fcfg.linkage)
+    return fn
+
+
+def _groups_fn(fcfg):
+    return lambda df: F.constraint_groups(df, list(fcfg["keys"]), require_satisfied=False)
+
+
+def _contradiction_fn(fcfg, wl):
+    def fn(df):
+        from critics.contradiction import load_contradiction_scorer
+
+        scorer = load_contradiction_scorer(fcfg.scorer, scales=wl.scales, comparatives=wl.comparatives,
+                                           batch_size=int(fcfg.batch_size),
+                                           label_indices=_plain(fcfg.get("label_indices")))
+        from critics.contradiction import ComparativeDirectionScorer
+
+        # the offline scorer reads the continuation (the shared prompt's entity names could look like
+        # comparatives, e.g. 'coolers'); NLI models read the whole statement
+        col = "text" if isinstance(scorer, ComparativeDirectionScorer) else "statement"
+        return F.contradiction_filter(df, scorer, float(fcfg.contradiction_threshold),
+                                      float(fcfg.entailment_threshold), fcfg.k, text_col=col)
+    return fn
+
+
+def critic_cfg(cfg) -> dict:
+    """The shared critic's config with the task's overrides (comparative label map, epochs)."""
+    base = _plain(cfg.critic) or {}
+    over = _plain(cfg.task.filters.discriminator.get("critic")) or {}
+    merged = {**base, **over}
+    merged.pop("seed_annotations", None)
+    return merged
+
+
+def annotation_paths(cfg) -> list[Path]:
+    paths = _plain(cfg.task.filters.discriminator.annotations)
+    out = [SEED_ANNOTATIONS] if not paths else [Path(p).expanduser() for p in paths]
+    for p in out:
+        if not p.exists():
+            raise FileNotFoundError(f"task.filters.discriminator.annotations: {p} not found")
+    return out
+
+
+def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None) -> dict:
+    from critics.scoring import score_texts
+    from critics.train import train_critic
+
+    dcfg = cfg.task.filters.discriminator
+    ccfg = critic_cfg(cfg)
+    paths = annotation_paths(cfg)
+    critic = run_stage(critic_dir, fingerprint(ccfg, *paths, _plain(cfg.trainer)),
+                       lambda d: train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm), name="critic")
+
+    def body(d: Path):
+        df = _df(in_path)
+        scores = score_texts(critic["model_dir"], df["statement"].tolist(), batch_size=int(dcfg.batch_size)) \
+            if len(df) else np.zeros(0)
+        cuts = F.discriminator_cuts(df, scores, _plain(dcfg.cuts))
+        for name, part in cuts.items():
+            _write_df(d / f"{name}.jsonl", part)
+        return {"in": int(len(df)), **{name: int(len(part)) for name, part in cuts.items()},
+                "out": int(min(len(p) for p in cuts.values())) if cuts else 0}
+
+    summary = run_stage(out_dir, fingerprint(in_path, Path(critic["model_dir"]), _plain(dcfg)), body,
+                        name="filter/discriminator")
+    if tracker is not None:
+        tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
+    return {**summary, "critic": {k: critic.get(k) for k in ("ap", "ap_perplexity", "delta", "precision", "recall",
+                                                             "p_at_r", "n_train", "n_val")}}
+
+
+# ----------------------------------------------------------------------------- the iteration
+
+def _model_name(cfg, k: int) -> str:
+    if k == 0:
+        return cfg.model.name
+    prev = Path(cfg.run_dir) / f"iter_{k - 1}" / "model"
+    if not (prev / "config.json").exists():
+        raise FileNotFoundError(f"iteration {k} needs the generator of iteration {k - 1} in {prev}; NeuroComparatives "
+                                f"itself has no fine-tuning step, run iteration=0 (or put a model there)")
+    return str(prev)
+
+
+def run_iteration(cfg, k: int, tracker) -> dict:
+    import torch
+
+    from i2d2.generation import generate_stage, read_generations
+    from i2d2.models import load_causal_lm
+
+    it = Path(cfg.run_dir) / f"iter_{k}"
+    it.mkdir(parents=True, exist_ok=True)
+    write_text(it / "config.yaml", OmegaConf.to_yaml(cfg))
+    task = cfg.task
+    wl = load_wordlists(task.wordlists)
+    name = _model_name(cfg, k)
+    t0 = time.time()
+    model, tok = load_causal_lm(name, cache=cfg.cache_dir, dtype=cfg.model.get("dtype"))
+    if torch.cuda.is_available():
+        model.to("cuda")
+    model.eval()
+    log.info("loaded generator %s in %.1fs", name, time.time() - t0)
+    timings = {}
+
+    t0 = time.time()
+    classes_path = Path(cfg.data.classes) if cfg.data.classes else BUNDLED
+    fp = fingerprint(_plain(cfg.data), classes_path, Path(task.wordlists), _plain(task.constraints),
+                     task.max_passes, name, cfg.seed)
+    prompts = run_stage(it / "prompts", fp, lambda d: build_prompts(cfg, model, tok, d, tracker), name="prompts")
+    timings["prompts"] = time.time() - t0
+
+    t0 = time.time()
+    prompts_path = it / "prompts" / "prompts.jsonl"
+    gen_fp = fingerprint(prompts_path, _plain(cfg.decoding), name, int(task.shard_size))
+    generation = run_stage(it / "generations", gen_fp,
+                           lambda d: generate_stage(model, tok, prompts_path, d, _plain(cfg.decoding), tracker,
+                                                    shard_size=int(task.shard_size)), name="generations")
+    timings["generation"] = time.time() - t0
+    fdir = it / "filtered"
+    gen_union = it / "generations" / "generations.jsonl"
+
+    keys = list(task.filters.groups["keys"])
+
+    def cand_body(d: Path):
+        df = candidates(read_generations(it / "generations"), bool(task.first_sentence), bool(task.cut_at_clause))
+        if task.require_satisfied and len(df):
+            # NeuroLogic output that missed a clause (or lost it to the first-sentence cut) is no comparative
+            df = df.loc[F.satisfied_mask(df, keys)]
+        _write_df(d / "kept.jsonl", df)
+        return {"in": int(generation.get("n_generations", 0)), "out": int(len(df))}
+
+    cand_fp = fingerprint(gen_union, bool(task.first_sentence), bool(task.cut_at_clause),
+                          bool(task.require_satisfied), keys)
+    counts = {"generated": {"in": int(prompts["n_prompts"]), "out": int(generation.get("n_generations", 0))},
+              "candidates": run_stage(fdir / "candidates", cand_fp, cand_body, name="candidates")}
+    cand_path = fdir / "candidates" / "kept.jsonl"
+
+    fcfg = task.filters
+    stage_fns = {"dedup": _dedup_fn(fcfg.dedup), "groups": _groups_fn(fcfg.groups),
+                 "contradiction": _contradiction_fn(fcfg.contradiction, wl)}
+    prev = cand_path
+    for s in FILTER_STAGES:
+        t0 = time.time()
+        counts[s] = _filter_stage(s, prev, fdir / s, _plain(fcfg[s]), stage_fns[s], tracker)
+        timings[s] = time.time() - t0
+        prev = fdir / s / "kept.jsonl"
+
+    final = _df(prev)
+    disc = None
+    if fcfg.discriminator.enabled:
+        t0 = time.time()
+        lm = (model, tok) if fcfg.discriminator.perplexity_baseline else None
+        disc = discriminator_stage(cfg, prev, it / "critic", fdir / "discriminator", tracker, lm)
+        counts["discriminator"] = {k: v for k, v in disc.items() if k != "critic"}
+        timings["discriminator"] = time.time() - t0
+    del model
+    write_json(fdir / "stage_counts.json", {"stages": [{"stage": k, **v} for k, v in counts.items()]})
+
+    # ---- metrics: Self-BLEU per pair, relation entropy, per-stage counts
+    metrics = {"counts": counts}
+    sets = {"nc": final}
+    if disc is not None:
+        sets = {name: _df(fdir / "discriminator" / f"{name}.jsonl") for name in fcfg.discriminator.cuts}
+    for name, df in sets.items():
+        metrics[name] = corpus_metrics(df, wl.comparatives)
+    metrics["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    if disc is not None:
+        metrics["critic"] = disc["critic"]
+    write_json(it / "metrics.json", metrics)
+    if tracker is not None:
+        tracker.log_metrics({f"{n}/{k}": v for n, m in sets.items() for k, v in metrics[n].items()
+                             if isinstance(v, (int, float)) and v is not None and np.isfinite(v)})
+        tracker.log_table("comparatives/stage_counts", ["stage", "in", "out"],
+                          [[s, c.get("in"), c.get("out")] for s, c in counts.items()])
+
+    # ---- ComparativeQA export (App. E.2) from the chosen set
+    qa_src = task.qa.source if task.qa.source in sets else next(iter(sets))
+    qa = export_qa(sets[qa_src].to_dict("records"), balance=bool(task.qa.balance), seed=int(cfg.seed))
+    write_jsonl(it / "comparative_qa.jsonl", qa)
+
+    # ---- samples + report
+    cols = ["pair_id", "statement", "score"] + (["critic_score"] if "critic_score" in sets[qa_src] else [])
+    if sets[qa_src].empty:
+        samples = pd.DataFrame(columns=cols)
+        log.warning("comparatives: no statement survived the filters (see %s)", fdir / "stage_counts.json")
+    else:
+        best = sets[qa_src].sort_values(["pair_id", "score"], ascending=[True, False])
+        samples = best[cols].head(int(task.samples))
+    if tracker is not None and len(samples):
+        tracker.log_table("comparatives/samples", cols, samples.values.tolist())
+    write_text(it / "report.md", _report(k, prompts, counts, metrics, samples, qa[:5]))
+    log.info("comparatives iteration %d: %s", k, {s: c.get("out") for s, c in counts.items()})
+    return metrics
+
+
+def _report(k, prompts, counts, metrics, samples, qa) -> str:
+    lines = [f"# NeuroComparatives, iteration {k}", "",
+             f"{prompts['n_classes']} classes / {prompts['n_entities']} entities, {prompts['n_pairs']} pairs, "
+             f"{prompts['n_pairs_after_perplexity']} after the perplexity filter, {prompts['n_pairs_used']} used; "
+             f"passes: {', '.join(prompts['passes'])}", "", "## Stage counts", "", "| stage | in | out |", "|---|---|---|"]
+    lines += [f"| {s} | {c.get('in')} | {c.get('out')} |" for s, c in counts.items()]
+    lines += ["", "## Metrics", "", "| set | n | pairs | Self-BLEU-2 | Self-BLEU-3 | relation entropy |",
+              "|---|---|---|---|---|---|"]
+    for name, m in metrics.items():
+        if isinstance(m, dict) and "n" in m and m["n"]:
+            sb = ["-" if m[k] is None else f"{m[k]:.3f}" for k in ("self_bleu_2", "self_bleu_3")]
+            lines.append(f"| {name} | {m['n']} | {m['n_pairs']} | {sb[0]} | {sb[1]} | {m['relation_entropy']:.3f} |")
+    lines += ["", "## Samples", ""] + [f"- {r.statement} (S={r.score:.3f})" for r in samples.itertuples()]
+    lines += ["", "## ComparativeQA", ""] + [f"- {q['text']}" for q in qa]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg) -> dict:
+    from i2d2.tracking import Tracker, build_logger
+
+    tracker = Tracker(build_logger(cfg.get("logger")), Path(cfg.run_dir))
+    out = {}
+    try:
+        for k in range(int(cfg.iteration), int(cfg.iteration) + int(cfg.num_iterations)):
+            out[k] = run_iteration(cfg, k, tracker)
+    finally:
+        tracker.finish()
+    return out
