@@ -1,0 +1,95 @@
+"""NegVerse training data: bundled pairs + rule-generated pairs -> masked prompt/answer examples."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from tqdm import tqdm
+
+from i2d2.io import DataError
+from i2d2.negverse.formatting import build_prompt, build_target
+from i2d2.negverse.masking import RULES, training_variants
+from i2d2.negverse.rules import generate_pairs
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "negverse"
+TYPES = ("verbal", "non_verbal", "affixal")
+
+
+def resolve(path: str | Path | None, default: str) -> Path:
+    """A data file: the given path, or the bundled default under i2d2/data/negverse/."""
+    p = Path(path) if path else DATA_DIR / default
+    if not p.exists():
+        raise FileNotFoundError(f"NegVerse data file {p} not found")
+    return p
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    """One sentence a line; blank lines and lines starting with '#' are skipped."""
+    return [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """TSV ``original<TAB>negated<TAB>type`` ('#' lines are comments); errors name file:line."""
+    path = Path(path)
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        cols = [c.strip() for c in line.split("\t")]
+        if len(cols) != 3 or not cols[0] or not cols[1]:
+            raise DataError(f"{path}:{lineno}: expected 'original<TAB>negated<TAB>type', got {len(cols)} column(s)")
+        if cols[2] not in TYPES:
+            raise DataError(f"{path}:{lineno}: type {cols[2]!r} is not one of {TYPES}")
+        if cols[0] == cols[1]:
+            raise DataError(f"{path}:{lineno}: negated sentence equals the original")
+        rows.append({"original": cols[0], "negated": cols[1], "type": cols[2], "source": f"{path.name}:{lineno}"})
+    return rows
+
+
+def build_pairs(nlp, pairs_path: Path, affirmatives_path: Path | None, use_rules: bool = True,
+                rules_on_pairs: bool = True, seed: int = 0) -> list[dict]:
+    """Written pairs plus rule-generated ones (from the affirmative list and the written originals), deduped."""
+    pairs = read_pairs(pairs_path)
+    if use_rules:
+        sents = read_sentences(affirmatives_path) if affirmatives_path else []
+        if rules_on_pairs:
+            sents += [p["original"] for p in pairs]
+        sents = list(dict.fromkeys(sents))
+        docs = list(tqdm(nlp.pipe(sents), total=len(sents), desc="parse (rules)", leave=False))
+        pairs += generate_pairs(docs, seed=seed)
+    seen, out = set(), []
+    for p in pairs:
+        key = (p["original"], p["negated"])
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def build_examples(nlp, pairs: list[dict], rules=RULES, max_blanks: int = 2, max_variants: int = 4,
+                   seed: int = 0) -> tuple[list[dict], dict]:
+    """Masked training examples (prompt, target, answers, rules) for each pair; returns (examples, stats)."""
+    texts = [t for p in pairs for t in (p["original"], p["negated"])]
+    docs = list(tqdm(nlp.pipe(texts), total=len(texts), desc="parse (pairs)", leave=False))
+    examples, unaligned = [], 0
+    for k, p in enumerate(pairs):
+        variants = training_variants(docs[2 * k], docs[2 * k + 1], rules=rules, max_blanks=max_blanks,
+                                     max_variants=max_variants, seed=seed)
+        if not variants:
+            unaligned += 1
+        for v in variants:
+            examples.append({"original": p["original"], "negated": p["negated"], "type": p["type"],
+                             "source": p["source"], "masked": v.text, "answers": v.answers, "rules": v.rules,
+                             "prompt": build_prompt(p["original"], v.text), "target": build_target(v.answers)})
+    stats = {"n_pairs": len(pairs), "n_examples": len(examples), "n_unaligned_pairs": unaligned}
+    return examples, stats
+
+
+def split_by_original(examples: list[dict], val_fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Train/validation split that keeps all variants of one original sentence on the same side."""
+    originals = sorted({e["original"] for e in examples})
+    random.Random(seed).shuffle(originals)
+    n_val = int(round(len(originals) * val_fraction))
+    val = set(originals[:n_val])
+    return [e for e in examples if e["original"] not in val], [e for e in examples if e["original"] in val]

@@ -1,0 +1,62 @@
+"""NegVerse metrics: Levenshtein similarity, syntactic tree-edit distance, self-BLEU, negation types."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from zss import Node, simple_distance
+
+from i2d2.metrics import self_bleu
+from i2d2.negverse.filters import lev_distance
+
+
+def dep_tree(doc) -> Node:
+    """A zss tree of a parsed sentence: nodes labelled by dependency label + coarse POS."""
+    def build(tok):
+        node = Node(f"{tok.dep_}/{tok.pos_}")
+        for child in tok.children:
+            node.addkid(build(child))
+        return node
+
+    roots = [t for t in doc if t.head.i == t.i]
+    if len(roots) == 1:
+        return build(roots[0])
+    top = Node("DOC")
+    for r in roots:
+        top.addkid(build(r))
+    return top
+
+
+def tree_edit_distance(doc_a, doc_b, normalize: bool = True) -> float:
+    """Zhang-Shasha edit distance between the dependency trees (optionally / size of the larger tree)."""
+    d = simple_distance(dep_tree(doc_a), dep_tree(doc_b))
+    return d / max(len(doc_a), len(doc_b), 1) if normalize else float(d)
+
+
+def negation_metrics(rows: list[dict], nlp, types=("verbal", "non_verbal", "affixal")) -> dict:
+    """Corpus metrics over kept negations (rows: original, negation, negation_type)."""
+    if not rows:
+        return {"n": 0}
+    lev_sim = [1.0 - lev_distance(r["original"], r["negation"]) for r in rows]
+    originals = list(dict.fromkeys(r["original"] for r in rows))
+    parsed = dict(zip(originals, nlp.pipe(originals)))
+    neg_docs = list(nlp.pipe([r["negation"] for r in rows]))
+    ted = [tree_edit_distance(parsed[r["original"]], d) for r, d in zip(rows, neg_docs)]
+    ted_raw = [tree_edit_distance(parsed[r["original"]], d, normalize=False) for r, d in zip(rows, neg_docs)]
+    counts = Counter(r.get("negation_type") or "none" for r in rows)
+    # self-BLEU within each original's set of negations (diversity of what one sentence turns into)
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        groups.setdefault(r["original"], []).append(r["negation"])
+    sb = [self_bleu(g) for g in groups.values() if len(g) > 1]
+    out = {"n": len(rows), "n_originals": len(groups),
+           "levenshtein_similarity": float(np.mean(lev_sim)),
+           "tree_edit_distance": float(np.mean(ted_raw)), "tree_edit_distance_norm": float(np.mean(ted)),
+           "self_bleu_per_sentence": float(np.mean(sb)) if sb else 0.0,
+           "self_bleu_corpus": self_bleu([r["negation"] for r in rows]),
+           "types_covered_per_sentence": float(np.mean([
+               len({r.get("negation_type") for r in rows if r["original"] == o}) for o in groups]))}
+    for t in types:
+        out[f"type_{t}"] = counts.get(t, 0) / len(rows)
+    return out

@@ -1,0 +1,70 @@
+"""Negate sentences: syntactic masks -> n prompt-tuned candidates per mask (batched, left-padded) -> filters."""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from i2d2.negverse.filters import apply_filters
+from i2d2.negverse.formatting import build_prompt, parse_answers
+from i2d2.negverse.masking import RULES, fill_blanks, mask_variants
+
+DEFAULTS = dict(num_candidates=4, batch_size=8, max_new_tokens=32, do_sample=True, top_p=0.9, temperature=0.8,
+                rules=list(RULES), max_blanks=2, max_variants=6, max_distance=0.5, max_len_ratio=2.0,
+                require_cue=True, seed=0)
+
+
+def candidates(lm, nlp, sentences: list[str], num_candidates: int = 4, batch_size: int = 8,
+               max_new_tokens: int = 32, do_sample: bool = True, top_p: float = 0.9, temperature: float = 0.8,
+               rules=RULES, max_blanks: int = 2, max_variants: int = 6, seed: int = 0,
+               progress: bool = True) -> list[dict]:
+    """Every generated candidate (before filtering) with its mask, raw continuation and filled sentence."""
+    import torch
+
+    jobs = []
+    for doc in nlp.pipe(sentences):
+        for m in mask_variants(doc, rules=rules, max_blanks=max_blanks, max_variants=max_variants, seed=seed):
+            jobs.append({"original": doc.text.strip(), "masked": m.text, "rules": m.rules,
+                         "n_blanks": len(m.spans), "prompt": build_prompt(doc.text, m.text)})
+    # similar lengths in a batch waste less compute on padding
+    order = sorted(range(len(jobs)), key=lambda i: len(jobs[i]["prompt"]))
+    torch.manual_seed(seed)
+    rows: list[dict | None] = [None] * len(jobs)
+    bar = tqdm(range(0, len(order), batch_size), desc="negate", disable=not progress, leave=False)
+    for start in bar:
+        idx = order[start:start + batch_size]
+        outs = lm.generate([jobs[i]["prompt"] for i in idx], n_blanks=[jobs[i]["n_blanks"] for i in idx],
+                           num_return_sequences=num_candidates, max_new_tokens=max_new_tokens,
+                           do_sample=do_sample, top_p=top_p, temperature=temperature)
+        for i, cands in zip(idx, outs):
+            rows[i] = [{**{k: v for k, v in jobs[i].items() if k != "prompt"}, "raw": raw} for raw in cands]
+    flat = []
+    for group in rows:
+        for r in group or []:
+            answers = parse_answers(r["raw"], r["n_blanks"])
+            r["answers"] = answers
+            r["negation"] = fill_blanks(r["masked"], answers) if answers is not None else None
+            flat.append(r)
+    return flat
+
+
+def negate(lm, nlp, detector, sentences: list[str], **cfg) -> tuple[list[dict], list[dict], dict]:
+    """Generate and filter; returns (kept, dropped, stats)."""
+    unknown = set(cfg) - set(DEFAULTS) - {"progress"}
+    if unknown:
+        raise ValueError(f"unknown negation option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    c = {**DEFAULTS, **cfg}
+    t0 = time.time()
+    rows = candidates(lm, nlp, sentences, num_candidates=c["num_candidates"], batch_size=c["batch_size"],
+                      max_new_tokens=c["max_new_tokens"], do_sample=c["do_sample"], top_p=c["top_p"],
+                      temperature=c["temperature"], rules=c["rules"], max_blanks=c["max_blanks"],
+                      max_variants=c["max_variants"], seed=c["seed"], progress=c.get("progress", True))
+    gen_s = time.time() - t0
+    kept, dropped, counts = apply_filters(rows, detector, max_distance=c["max_distance"],
+                                          max_len_ratio=c["max_len_ratio"], require_cue=c["require_cue"])
+    stats = {"n_sentences": len(sentences), "n_candidates": len(rows), "n_kept": len(kept),
+             "keep_rate": len(kept) / max(len(rows), 1), "generation_s": gen_s,
+             "sentences_with_negation": len({r["original"] for r in kept}) / max(len(sentences), 1),
+             **{f"dropped_{k}": v for k, v in counts.items()}}
+    return kept, dropped, stats

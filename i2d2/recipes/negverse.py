@@ -1,0 +1,177 @@
+"""NegVerse recipe (``python -m i2d2.train task=negverse``): data -> prompt tuning -> negate held-out sentences.
+
+Layout under ``cfg.run_dir``:
+  data/   pairs.jsonl (written + rule-generated), train.jsonl, val.jsonl, stats.json
+  train/  checkpoints/ (resumable, trainable tensors only), adapter/ (peft prompt + special tokens), summary
+  eval/   negations.jsonl (kept), dropped.jsonl, metrics.json, samples.md
+Each stage is fingerprinted (i2d2.io.run_stage): a finished stage is reused, a changed one redone, and a
+killed training resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from i2d2.io import fingerprint, read_jsonl, run_stage, write_json, write_jsonl, write_text
+from i2d2.tracking import Tracker, build_logger
+
+log = logging.getLogger(__name__)
+
+
+def _c(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True)
+
+
+def data_stage(cfg, nlp, out_dir: Path) -> dict:
+    from i2d2.negverse.data import build_examples, build_pairs, resolve, split_by_original
+
+    t, d = cfg.task, cfg.data
+    pairs = build_pairs(nlp, resolve(d.pairs, "pairs.tsv"), resolve(d.affirmatives, "affirmatives.txt"),
+                        use_rules=bool(d.use_rules), rules_on_pairs=bool(d.rules_on_pairs), seed=int(cfg.seed))
+    write_jsonl(out_dir / "pairs.jsonl", pairs)
+    examples, stats = build_examples(nlp, pairs, rules=list(t.masking.rules), max_blanks=int(t.masking.max_blanks),
+                                     max_variants=int(t.masking.train_max_variants), seed=int(cfg.seed))
+    train, val = split_by_original(examples, float(t.train.val_fraction), seed=int(cfg.seed))
+    write_jsonl(out_dir / "train.jsonl", train)
+    write_jsonl(out_dir / "val.jsonl", val)
+    types: dict[str, int] = {}
+    for p in pairs:
+        types[p["type"]] = types.get(p["type"], 0) + 1
+    stats.update(n_train=len(train), n_val=len(val), n_rule_pairs=sum(p["source"].startswith("rule:") for p in pairs),
+                 **{f"pairs_{k}": v for k, v in types.items()})
+    write_json(out_dir / "stats.json", stats)
+    return stats
+
+
+def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from i2d2.models import load_causal_lm
+    from i2d2.negverse.model import NegVerseLM
+    from trainers.negverse import NegVerseModule, make_loader
+
+    t = cfg.task
+    tr = t.train
+    base, tok = load_causal_lm(cfg.model.name, cache=cfg.get("cache_dir"))
+    lm = NegVerseLM(base, tok, num_virtual_tokens=int(t.prompt.num_virtual_tokens), init_text=t.prompt.init_text,
+                    train_new_tokens=bool(t.prompt.train_new_tokens))
+    train = read_jsonl(data_dir / "train.jsonl", required=["prompt", "target"])
+    val = read_jsonl(data_dir / "val.jsonl", required=["prompt", "target"])
+    train_dl, skipped = make_loader(tok, train, int(tr.batch_size), int(tr.max_length), True, int(cfg.seed))
+    val_dl = make_loader(tok, val, int(tr.batch_size), int(tr.max_length), False)[0] if val else None
+    max_steps = int(tr.max_steps)
+    total = max_steps if max_steps > 0 else len(train_dl) * int(tr.epochs)
+    module = NegVerseModule(lm, lr=float(tr.lr), new_token_lr=float(tr.new_token_lr),
+                            weight_decay=float(tr.weight_decay), warmup_steps=int(tr.warmup_steps), total_steps=total)
+    ckpt_dir = out_dir / "checkpoints"
+    ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=1,
+                           every_n_train_steps=int(tr.checkpoint_every))
+    trainer = hydra.utils.instantiate(
+        cfg.trainer, max_steps=max_steps, max_epochs=int(tr.epochs) if max_steps <= 0 else -1,
+        callbacks=[ckpt], logger=logger if logger is not None else False, default_root_dir=str(out_dir),
+        limit_val_batches=int(tr.val_batches), num_sanity_val_steps=0)
+    last = ckpt_dir / "last.ckpt"
+    t0 = time.time()
+    trainer.fit(module, train_dl, ckpt_path=str(last) if last.exists() else None)
+    fit_s = time.time() - t0
+    val_loss = None
+    if val_dl is not None:
+        val_loss = float(trainer.validate(module, val_dl, verbose=False)[0]["val/loss"])
+    lm.save(out_dir / "adapter", cfg.model.name, extra={"task": _c(t)})
+    summary = {"steps": int(trainer.global_step), "fit_s": fit_s, "val_loss": val_loss,
+               "train_loss_first10": _mean(module.loss_history[:10]), "train_loss_last10": _mean(module.loss_history[-10:]),
+               "steps_this_session": len(module.loss_history),
+               "n_train_examples": len(train), "skipped_too_long": skipped, "adapter": str(out_dir / "adapter")}
+    write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def _mean(xs):
+    return float(sum(xs) / len(xs)) if xs else None
+
+
+def eval_stage(cfg, nlp, adapter: Path, out_dir: Path, tracker: Tracker) -> dict:
+    from i2d2.negverse.cues import CueDetector
+    from i2d2.negverse.data import read_sentences, resolve
+    from i2d2.negverse.metrics import negation_metrics
+    from i2d2.negverse.model import NegVerseLM
+    from i2d2.negverse.pipeline import negate
+
+    t = cfg.task
+    sentences = read_sentences(resolve(cfg.data.eval_sentences, "eval_sentences.txt"))
+    lm = NegVerseLM.load(adapter, cache=cfg.get("cache_dir"))
+    tagger = hydra.utils.instantiate(t.cue_tagger) if t.get("cue_tagger") else None
+    detector = CueDetector(nlp, lexicon=t.cue_lexicon, tagger=tagger, tagger_mode=t.get("cue_tagger_mode", "union"))
+    kept, dropped, stats = negate(lm, nlp, detector, sentences, **_c(t.generate), **_negate_opts(t), seed=int(cfg.seed))
+    metrics = {**stats, **negation_metrics(kept, nlp)}
+    write_jsonl(out_dir / "negations.jsonl", kept)
+    write_jsonl(out_dir / "dropped.jsonl", dropped)
+    write_json(out_dir / "metrics.json", metrics)
+    write_text(out_dir / "samples.md", samples_markdown(kept, sentences))
+    tracker.log_metrics({f"negverse/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+    tracker.log_table("negverse/negations", ["original", "negation", "type", "masked", "lev_distance"],
+                      [[r["original"], r["negation"], r["negation_type"], r["masked"], r["lev_distance"]]
+                       for r in kept])
+    return metrics
+
+
+def _negate_opts(t) -> dict:
+    return {"rules": list(t.masking.rules), "max_blanks": int(t.masking.max_blanks),
+            "max_variants": int(t.masking.max_variants), **_c(t.filters)}
+
+
+def samples_markdown(kept: list[dict], sentences: list[str], per_sentence: int = 4) -> str:
+    lines = ["| original | negation | type |", "|---|---|---|"]
+    for s in sentences:
+        rows = [r for r in kept if r["original"] == s.strip()]
+        # one of each type first, then the rest
+        seen, ordered = set(), []
+        for r in rows:
+            if r["negation_type"] not in seen:
+                seen.add(r["negation_type"])
+                ordered.append(r)
+        ordered += [r for r in rows if r not in ordered]
+        if not ordered:
+            lines.append(f"| {s} | (none kept) | |")
+        for r in ordered[:per_sentence]:
+            lines.append(f"| {s} | {r['negation']} | {r['negation_type']} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: DictConfig) -> dict:
+    from i2d2.models import load_spacy
+    from i2d2.negverse.data import DATA_DIR
+
+    run_dir = Path(cfg.run_dir)
+    logger = build_logger(cfg.logger)
+    nlp = load_spacy(cfg.task.spacy)
+    d = cfg.data
+    files = [Path(d.pairs or DATA_DIR / "pairs.tsv"), Path(d.affirmatives or DATA_DIR / "affirmatives.txt"),
+             Path(__file__).resolve().parent.parent.parent / "conf" / "negverse" / "affixal_pairs.tsv"]
+    fp_data = fingerprint(*files, _c(cfg.data), _c(cfg.task.masking), float(cfg.task.train.val_fraction),
+                          int(cfg.seed), "negverse-data-v2")
+    data_dir = run_dir / "data"
+    data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
+    log.info("negverse data: %s", data_stats)
+
+    fp_train = fingerprint(fp_data, cfg.model.name, _c(cfg.task.prompt), _c(cfg.task.train), "negverse-train-v1")
+    train_dir = run_dir / "train"
+    train_summary = run_stage(train_dir, fp_train, lambda out: train_stage(cfg, data_dir, out, logger), "negverse-train")
+    log.info("negverse training: %s", train_summary)
+
+    eval_file = Path(d.eval_sentences or DATA_DIR / "eval_sentences.txt")
+    fp_eval = fingerprint(fp_train, eval_file, Path(cfg.task.cue_lexicon), _c(cfg.task.generate),
+                          _c(cfg.task.filters), _c(cfg.task.masking), int(cfg.seed),
+                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v1")
+    eval_dir = run_dir / "eval"
+    tracker = Tracker(logger, eval_dir)
+    metrics = run_stage(eval_dir, fp_eval, lambda out: eval_stage(cfg, nlp, train_dir / "adapter", out, tracker),
+                        "negverse-eval")
+    log.info("negverse eval metrics: %s", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()})
+    tracker.finish()
+    return {"data": data_stats, "train": train_summary, "eval": metrics}
