@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 class DataError(ValueError):
     """Bad input, with the file and line (or field) it came from."""
 
@@ -31,6 +35,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes owner-only files; give the usual permissions
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

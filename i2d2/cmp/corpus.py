@@ -1,0 +1,111 @@
+"""The bundled CMP corpus, generated from hand-written entity facts (i2d2/data/cmp/entities.json).
+
+Each entity has a category, property values and two hand-written sentences; its document is the
+intro sentence, one sentence per property (the category's sentence template) and a closing sentence.
+Quintuples pair two entities of the same category on the same property (criteria 1 and 2 of §3.2.2;
+the category plays the role of Wikidata's 'instance of'), the documents are cut to the 10-sentence
+segment holding the linked sentence (§3.2.3), and splits are assigned by entity pair so that
+held-out pairs never appear in training.
+
+    python -m i2d2.cmp.corpus --n 600 --out i2d2/data/cmp/corpus.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+from pathlib import Path
+
+from i2d2.cmp.data import BUNDLED, Quintuple, split_quintuples, write_quintuples
+from i2d2.cmp.textualize import segment_for
+from i2d2.io import DataError, write_json
+
+
+def article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def fill(template: str, e: str, v: str) -> str:
+    out = template.format(e=e, v=v, a=article(v))
+    return out[0].upper() + out[1:]
+
+
+def load_facts(path: str | Path | None = None) -> dict:
+    path = Path(path) if path else BUNDLED / "entities.json"
+    facts = json.loads(Path(path).read_text())
+    cats = facts["categories"]
+    for i, ent in enumerate(facts["entities"]):
+        where = f"{path}: entities[{i}] ({ent.get('name')!r})"
+        if ent.get("category") not in cats:
+            raise DataError(f"{where}: unknown category {ent.get('category')!r}")
+        missing = set(cats[ent["category"]]["properties"]) - set(ent["facts"])
+        if missing:
+            raise DataError(f"{where}: no value for {', '.join(sorted(missing))}")
+    return facts
+
+
+def document(ent: dict, facts: dict) -> str:
+    props = facts["categories"][ent["category"]]["properties"]
+    sents = [ent["intro"]] + [fill(t, ent["name"], ent["facts"][p]) for p, t in props.items()]
+    if ent.get("extra"):
+        sents.append(ent["extra"])
+    return " ".join(sents)
+
+
+def phrases(facts: dict) -> dict:
+    """Realiser verb phrases keyed 'category|property'."""
+    return {f"{c}|{p}": ph for c, spec in facts["categories"].items() for p, ph in spec["phrases"].items()}
+
+
+def build_corpus(n: int = 600, seed: int = 0, same_share: float = 0.4, facts: dict | None = None,
+                 val_fraction: float = 0.1, test_fraction: float = 0.1) -> list[Quintuple]:
+    facts = facts or load_facts()
+    rng = random.Random(seed)
+    docs = {e["name"]: document(e, facts) for e in facts["entities"]}
+    same, diff = [], []
+    by_cat = itertools.groupby(sorted(facts["entities"], key=lambda e: e["category"]), key=lambda e: e["category"])
+    for cat, ents in by_cat:
+        ents = list(ents)
+        for prop in facts["categories"][cat]["properties"]:
+            for a, b in itertools.combinations(ents, 2):
+                if rng.random() < 0.5:
+                    a, b = b, a
+                v1, v2 = a["facts"][prop], b["facts"][prop]
+                d1 = segment_for(docs[a["name"]], a["name"], prop, v1)
+                d2 = segment_for(docs[b["name"]], b["name"], prop, v2)
+                if d1 is None or d2 is None:
+                    raise DataError(f"no sentence of the {a['name']!r}/{b['name']!r} documents states {prop!r}")
+                q = dict(e1=a["name"], e2=b["name"], property=prop, v1=v1, v2=v2, doc1=d1, doc2=d2, category=cat,
+                         source="i2d2-cmp-facts")
+                (same if v1 == v2 else diff).append(q)
+    rng.shuffle(same)
+    rng.shuffle(diff)
+    k_same = min(len(same), round(n * same_share))
+    rows = same[:k_same] + diff[: n - k_same]
+    rows.sort(key=lambda r: (r["category"], r["property"], r["e1"], r["e2"]))
+    quints = [Quintuple(id=f"{r['category'].replace(' ', '_')}-{i:04d}", **r) for i, r in enumerate(rows)]
+    splits = split_quintuples(quints, val_fraction, test_fraction, seed)
+    where = {q.id: s for s, qs in splits.items() for q in qs}
+    return [Quintuple(**{**q.__dict__, "split": where[q.id]}) for q in quints]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(BUNDLED / "corpus.jsonl"))
+    args = ap.parse_args(argv)
+    facts = load_facts()
+    quints = build_corpus(args.n, args.seed, facts=facts)
+    write_quintuples(args.out, quints)
+    write_json(BUNDLED / "property_phrases.json", phrases(facts))
+    for p in (Path(args.out), BUNDLED / "property_phrases.json"):  # package data: readable by all
+        p.chmod(0o644)
+    counts = {s: sum(q.split == s for q in quints) for s in ("train", "validation", "test")}
+    print(f"wrote {len(quints)} quintuples to {args.out} ({counts}; {sum(q.same for q in quints)} with v1 = v2)")
+
+
+if __name__ == "__main__":
+    main()
