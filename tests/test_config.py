@@ -22,7 +22,8 @@ def test_default_composition():
     assert cfg.model.name == "packaged:gemma3-270m" and cfg.critic.name == "packaged:minilm"
     assert cfg.trainer._target_ == "lightning.Trainer" and cfg.trainer.accelerator == "cpu"
     assert cfg.logger._target_.endswith("WandbLogger")
-    assert cfg.decoding.beam_size == 10 and cfg.decoding.length_penalty == 0.1
+    assert cfg.decoding.length_penalty == 0.1 and "." in cfg.decoding.stop_strings  # paper α, one sentence each
+    assert cfg.data.perplexity.threshold > 0 and cfg.task.max_prompts  # the task sizes the CPU default run
 
 
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "deepspeed_stage2", "deepspeed_stage3"])

@@ -199,8 +199,11 @@ def test_unsatisfiable_returns_flagged_partials(lm):
     cs = ConstraintSet([Clause([Literal("dog")], positions=[1]), Clause([Literal("water")], positions=[1]),
                         Clause([Literal("the", False)])])
     short = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=1))
-    res = dec.decode(["A cat"], [cs])[0] + short.decode(["A cat"], [ConstraintSet([Clause([Literal("typically")])])])[0]
-    assert res
+    part = dec.decode(["A cat"], [cs])[0]
+    res = part + short.decode(["A cat"], [ConstraintSet([Clause([Literal("typically")])])])[0]
+    assert part and res
+    nsat = [sum(g.satisfied) for g in part]  # best partial first: most clauses satisfied, then S
+    assert nsat == sorted(nsat, reverse=True), [(g.text, g.satisfied) for g in part]
     for g in res:
         assert not g.all_satisfied
         assert False in g.satisfied
@@ -302,6 +305,78 @@ def test_any_tokenization_counts():
         need = ConstraintSet([Clause([Literal("cat")])])
         gens = NeuroLogicDecoder(model, tok, cfg(beta=2.0, max_new_tokens=8)).decode(["A dog"], [need])[0]
         assert gens and all(g.all_satisfied and occurrences(g.text, "cat") for g in gens)
+    finally:
+        h.remove()
+
+
+
+def _bigram(model, tok, rows, default):
+    """Make ``model`` a bigram LM: the next-token logits depend only on the last token ({prev: {next: logit}},
+    ``default`` for every other previous token, -inf for tokens not listed)."""
+    V = model.config.vocab_size
+
+    def tid(t):
+        i = tok.eos_token_id if t == "EOS" else tok.convert_tokens_to_ids(t)
+        assert i is not None and i != tok.unk_token_id, t
+        return i
+
+    def row(spec):
+        r = torch.full((V,), float("-inf"))
+        for t, v in spec.items():
+            r[tid(t)] = v
+        return r
+
+    table = row(default).expand(V, V).clone()
+    for prev, spec in rows.items():
+        table[tid(prev)] = row(spec)
+
+    def hook(mod, args, kwargs, out):
+        out.logits = table[kwargs["input_ids"]].to(out.logits.dtype)
+        return out
+
+    return model.register_forward_hook(hook, with_kwargs=True)
+
+
+def test_pending_literal_word_joins_its_satisfied_group():
+    """Regression (NeuroComparatives 'are typically'): a hypothesis whose last token spells the second literal
+    ('dog water', 'water' still pending until the next separator) must rank in the group of both clauses, not
+    low inside the {dog} group, where the round-robin beam drops it.  Here 'water' is reachable only right
+    after 'dog' and six fillers outscore it there by more than beta, so losing it loses every satisfying text."""
+    model, tok = tiny_model("gpt2")
+    fill = ["Ġthe", "Ġa", "Ġof", "Ġis", "Ġin", "Ġon"]
+    rows = {"Ġdog": {t: 3.0 - 0.2 * i for i, t in enumerate(fill)} | {"Ġwater": 0.0, "EOS": -5.0},
+            "Ġwater": {".": 3.0, "Ġthe": 1.0, "EOS": 0.0}, ".": {"EOS": 5.0, "Ġthe": 0.0}}
+    rows |= {t: {f: 1.0 for f in fill} | {"EOS": 0.0} for t in fill}
+    h = _bigram(model, tok, rows, {"Ġdog": 2.0, "Ġthe": 1.0, "Ġa": 0.8, "Ġof": 0.6, "Ġis": 0.4, "EOS": -5.0})
+    try:
+        cs = ConstraintSet([Clause([Literal("dog")]), Clause([Literal("water")])])
+        c = DecodingConfig(beam_size=4, num_return=4, max_new_tokens=6, min_new_tokens=1, prune_factor=50,
+                           sat_tolerance=3, beta=1.25, batch_size=1)
+        gens = NeuroLogicDecoder(model, tok, c).decode(["People say"], [cs])[0]
+        assert gens and gens[0].text == "dog water.", [(g.text, g.satisfied) for g in gens]
+        for g in gens:
+            assert g.all_satisfied and check(g.text, cs) and g.matched == ["dog", "water"], g
+    finally:
+        h.remove()
+
+
+def test_unsatisfiable_best_partial_satisfies_most_clauses():
+    """'people' is unreachable, so the set is unsatisfiable; 'the ...' is likelier than 'dog ...', but the best
+    partial result is the one satisfying the most clauses (NeuroLogic's final selection), flagged unsatisfied."""
+    model, tok = tiny_model("gpt2")
+    nxt = {".": 1.0, "Ġthe": 0.5}
+    h = _bigram(model, tok, {"Ġthe": nxt, "Ġdog": nxt, ".": {"Ġthe": 0.0, "EOS": 0.0}},
+                {"Ġthe": 2.0, "Ġdog": 0.0, "Ġpeople": float("-inf")})
+    try:
+        cs = ConstraintSet([Clause([Literal("dog")]), Clause([Literal("people")])])
+        c = DecodingConfig(beam_size=4, num_return=4, max_new_tokens=3, min_new_tokens=1, sat_tolerance=3,
+                           beta=0.0, batch_size=1)
+        gens = NeuroLogicDecoder(model, tok, c).decode(["People say"], [cs])[0]
+        assert gens and not any(g.all_satisfied for g in gens)
+        assert gens[0].satisfied == [True, False] and occurrences(gens[0].text, "dog"), gens[0]
+        assert any(not occurrences(g.text, "dog") and g.score > gens[0].score for g in gens), gens
+        nsat = [sum(g.satisfied) for g in gens]
+        assert nsat == sorted(nsat, reverse=True)
     finally:
         h.remove()
 

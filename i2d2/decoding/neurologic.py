@@ -11,11 +11,13 @@ per-literal phrase progress and occurrence counts, the rank at which each clause
    within ``sat_tolerance`` of the best number of satisfied clauses of their prompt;
 4. kept candidates are grouped by their set of satisfied clauses and the beam is filled round-robin
    across groups (best first inside a group by log-prob + beta * progress of the longest partial phrase);
-   a candidate whose pending (unfinished) word would break a limit once completed ranks after the safe
-   ones, since words are only known to be complete at the next separator;
+   words are only known to be complete at the next separator, so for grouping, the sat_tolerance count and
+   the beta reward the pending (unfinished) word is taken as complete: a candidate whose last token spells a
+   literal joins the group of the clauses it would satisfy, and one whose pending word would break a limit,
+   a negative literal or an order once completed ranks after the safe ones;
 5. EOS candidates in the selection finish their hypothesis (EOS is blocked until positive clauses are met
-   when ``block_eos_until_satisfied``); finished hypotheses are ranked by (all satisfied, S) with
-   S = logprob / num_tokens ** length_penalty.
+   when ``block_eos_until_satisfied``); finished hypotheses are ranked by (all satisfied, number of
+   satisfied clauses, S) with S = logprob / num_tokens ** length_penalty.
 """
 
 from __future__ import annotations
@@ -294,24 +296,49 @@ class NeuroLogicDecoder:
         violated = (valid_cl & ~lt["cl_has_pos"] & ~sat).any(-1) | count_viol | bad_new.any(-1) | passed.any(-1)
         satv = sat & valid_cl
         if not final:
-            # a candidate whose pending word would violate a limit once completed is a likely dead end
+            # The pending (unfinished) word is only known to be complete at the next separator.  For ranking it
+            # is taken as complete here, as the final step does (and as token-level NeuroLogic does): a candidate
+            # whose last token spells a literal joins the group of clauses it satisfies and counts them for
+            # sat_tolerance ("tentative" satisfaction, ``tsat``), instead of ranking low inside the group it had;
+            # one whose pending word would break a limit, a negative literal or an order once completed is
+            # ``risky`` (a likely dead end, ranked after the safe ones).
             w_end = cp.node_word[node]
             d = lt["wtab"][torch.where(w_end >= 0, w_end, torch.full_like(w_end, wl)) + lt["rowoff"]]
-            risky = ((gcnt + d[..., 2 * Cl:]) > lt["grp_max"]).any(-1) | (
-                valid_cl & ~lt["cl_has_pos"] & sat & ((lt["neg_total"] - cneg - d[..., Cl:2 * Cl]) <= 0)).any(-1)
+            tpos = cpos + d[..., :Cl]
+            tneg = cneg + d[..., Cl:2 * Cl]
+            tg = gcnt + d[..., 2 * Cl:]
+            if cp.Lph:
+                u = w_end[..., None]
+                nextw = lt["ph_words"].expand(N, C, Lph * P).gather(2, lt["ph_lidx"] + prog) if P > 1 else first
+                tcomp = (u != NO_EVENT) & (torch.where(nextw == u, prog + 1, (first == u).long()) >= lt["ph_len"])
+                tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
+                tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
+                tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
+                tg = tg + torch.bmm(tcomp.float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
+            t_hit = tpos > 0
+            t_new = t_hit & (crank == 0) & valid_cl
+            t_rank = rctr[..., None] + t_new.long().cumsum(-1)
+            t_bad = t_new & ~((pm == 0) | (((pm >> t_rank.clamp(max=62)) & 1) == 1))
+            tsat = ((t_hit & ~(cbad | t_bad)) | ((lt["neg_total"] - tneg) > 0)) & valid_cl
+            t_rctr = rctr + t_new.long().sum(-1)
+            t_passed = lt["cl_has_pos"] & ~tsat & (mp > 0) & (mp <= t_rctr[..., None])
+            risky = ((valid_cl & ~lt["cl_has_pos"] & ~tsat).any(-1) | (tg > lt["grp_max"]).any(-1)
+                     | t_bad.any(-1) | t_passed.any(-1))
         else:
+            tsat = satv
             risky = torch.zeros_like(count_viol)
         pos_ok = (satv | ~lt["cl_has_pos"] | ~valid_cl).all(-1)
         all_sat = (satv | ~valid_cl).all(-1) & ~count_viol
         new = _State(node=node, ph_prog=ph_prog, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
                      cneg=cneg.clamp(max=1 << 20), gcnt=gcnt.clamp(max=1 << 20), cmatch=cmatch.expand(N, C, Cl),
                      crank=crank, rctr=rctr, cbad=cbad, sat=satv)
-        return new, violated, pos_ok, all_sat, risky
+        return new, violated, pos_ok, all_sat, risky, tsat
 
-    def _progress(self, cp: Compiled, lt, st: _State):
-        """beta's reward: matched fraction of the longest partly matched positive literal of an unsatisfied clause."""
+    def _progress(self, cp: Compiled, lt, st: _State, sat):
+        """beta's reward: matched fraction of the longest partly matched positive literal of a clause not
+        (tentatively, ``sat``) satisfied; a literal the pending word already completes is no longer partial."""
         N, C = st.node.shape
-        unsat_cl = ~st.sat & lt["cl_has_pos"]
+        unsat_cl = ~sat & lt["cl_has_pos"]
         single = cp.node_prog.reshape(-1, cp.Cl)[st.node + lt["nodeoff"]]  # [N, C, Cl]
         best = torch.where(unsat_cl, single, torch.zeros_like(single)).max(-1).values
         if cp.Lph and lt["has_pos_phrase"]:
@@ -328,7 +355,7 @@ class NeuroLogicDecoder:
             cl = lt["pos_charlen"].expand(N, C, -1, -1)
             done = cl.gather(3, prog[..., None]).squeeze(-1) + torch.where(on, depth.float(), torch.zeros_like(depth.float()))
             frac = done / cl[..., -1].clamp(min=1)
-            unsat = ~st.sat.gather(2, lt["pos_clause"].expand(N, C, Lp)) & (ph >= 0)
+            unsat = ~sat.gather(2, lt["pos_clause"].expand(N, C, Lp)) & (ph >= 0)
             best = torch.maximum(best, torch.where(unsat, frac, torch.zeros_like(frac)).max(-1).values)
         return best
 
@@ -480,15 +507,16 @@ class NeuroLogicDecoder:
                 C = cand.shape[1]
                 clp = cum[:, None] + lp.gather(1, cand)
                 clp = torch.where(cvalid, clp, torch.full_like(clp, NEG))
-                new, violated, pos_ok, all_sat, risky = self._advance(cp, lt, st, cand, t, final)
+                new, violated, pos_ok, all_sat, risky, tsat = self._advance(cp, lt, st, cand, t, final)
                 is_eos = self.is_end_v[cand]  # EOS or a stop token: the hypothesis finishes here
                 if cfg.block_eos_until_satisfied and not final:
                     clp = torch.where(is_eos & ~pos_ok, torch.full_like(clp, NEG), clp)
                 rank_sc = clp
                 if cfg.beta and has_positive:
-                    rank_sc = clp + cfg.beta * self._progress(cp, lt, new)
-                nsat = new.sat.sum(-1)
-                group = (new.sat.long() * cp.cl_weight).sum(-1)
+                    rank_sc = clp + cfg.beta * self._progress(cp, lt, new, tsat)
+                # grouping and sat_tolerance see a pending word that spells a literal as satisfying it
+                nsat = tsat.sum(-1)
+                group = (tsat.long() * cp.cl_weight).sum(-1)
                 # ---- selection per prompt row
                 KC = K * C
                 f_clp = clp.reshape(B, KC)
@@ -542,8 +570,12 @@ class NeuroLogicDecoder:
                     S = lpn / n_tok.clamp(min=1).float() ** alpha
                     S = torch.where(fin_mask.reshape(-1), S, torch.full_like(S, NEG))
                     allf = all_sat.reshape(-1)[gidx]
-                    key_new = (S.double() + allf.double() * 1e12).reshape(B, K)
-                    key_old = fin_S.double() + fin_all.double() * 1e12
+                    satf = new.sat.reshape(N * C, -1)[gidx]
+                    # ranked by (all satisfied, number of satisfied clauses, S): the best partial results of an
+                    # unsatisfiable set are those that satisfy the most clauses
+                    tier_w = float(Cl + 1)
+                    key_new = (S.double() + (allf.double() * tier_w + satf.sum(-1).double()) * 1e9).reshape(B, K)
+                    key_old = fin_S.double() + (fin_all.double() * tier_w + fin_sat.sum(-1).double()) * 1e9
                     keys = torch.cat([key_old, key_new], 1)
                     _, top = keys.topk(R, dim=1)
 
@@ -557,7 +589,7 @@ class NeuroLogicDecoder:
                     fin_S = merge(fin_S, S)
                     fin_n = merge(fin_n, n_tok)
                     fin_all = merge(fin_all, allf)
-                    fin_sat = merge(fin_sat, new.sat.reshape(N * C, -1)[gidx])
+                    fin_sat = merge(fin_sat, satf)
                     fin_cmatch = merge(fin_cmatch, new.cmatch.reshape(N * C, -1)[gidx])
                     if Lph:
                         fin_phocc = merge(fin_phocc, new.ph_occ.reshape(N * C, -1)[gidx])

@@ -1,0 +1,184 @@
+"""On-demand generic knowledge: ``python -m i2d2.generate generate.concepts='[board games, violins]'``.
+
+Takes an iteration's model (``generate.iteration=k`` -> ``{run_dir}/iter_k/model``; -1 = the newest), builds
+I2D2 prompts and constraints for the given unseen concepts (same templates and perplexity selection as the
+loop), decodes them with NeuroLogic decoding, scores every statement with the run's critic and prints the best
+``top_k`` per concept with their critic scores (✓ = above δ). ``generate.out_dir`` keeps the files.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from i2d2 import config  # noqa: F401  (registers the ${i2d2.*} resolvers)
+
+log = logging.getLogger(__name__)
+
+
+class GenerateError(ValueError):
+    pass
+
+
+def _iterations(run_dir: Path) -> list[int]:
+    names = [p.parent.parent.name for p in run_dir.glob("iter_*/model/config.json")]
+    return sorted(int(n[5:]) for n in names if n[5:].isdigit())
+
+
+def resolve_model(cfg) -> tuple[str, int | None]:
+    g, run_dir = cfg.generate, Path(cfg.run_dir)
+    if g.get("model"):
+        return str(g.model), None
+    if g.get("iteration") is None:
+        return str(cfg.model.name), None
+    have = _iterations(run_dir)
+    k = int(g.iteration)
+    if k == -1:
+        if not have:
+            raise GenerateError(f"generate.iteration=-1: no finished iteration in run_dir={run_dir} "
+                                "(no iter_*/model). Run `python -m i2d2.train iteration=0` first, set run_dir, "
+                                "or use generate.iteration=null for the base model.")
+        k = have[-1]
+    path = run_dir / f"iter_{k}" / "model"
+    if not (path / "config.json").exists():
+        raise GenerateError(f"generate.iteration={k}: {path} does not exist (finished iterations in {run_dir}: "
+                            f"{have or 'none'})")
+    return str(path), k
+
+
+def resolve_critic(cfg, upto: int | None) -> dict:
+    import json
+
+    g, run_dir = cfg.generate, Path(cfg.run_dir)
+    if g.get("critic"):
+        path = Path(g.critic)
+        if not (path / "config.json").exists():
+            raise GenerateError(f"generate.critic={path}: not a critic model folder (no config.json)")
+        meta = path.parent / "metrics.json"
+        delta = json.loads(meta.read_text()).get("delta") if meta.exists() else None
+        return {"model_dir": str(path), "delta": delta}
+    dirs = sorted(run_dir.glob("iter_*/critic/_DONE.json"), key=lambda p: int(p.parent.parent.name.split("_")[1]))
+    dirs = [d for d in dirs if upto is None or int(d.parent.parent.name.split("_")[1]) <= upto]
+    if not dirs:
+        raise GenerateError(f"no trained critic in run_dir={run_dir}; run the loop first or set generate.critic=DIR")
+    return json.loads(dirs[-1].read_text())["summary"]
+
+
+def read_concepts(g) -> list[str]:
+    from i2d2.concepts import validate_concept
+
+    items = [str(c) for c in (g.get("concepts") or [])]
+    if g.get("concepts_file"):
+        path = Path(g.concepts_file)
+        if not path.exists():
+            raise GenerateError(f"generate.concepts_file={path}: file not found")
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                items.append((line, f"{path}:{lineno}"))
+    out = []
+    for item in items:
+        text, where = item if isinstance(item, tuple) else (item, "generate.concepts")
+        try:
+            out.append(validate_concept(text))
+        except ValueError as e:
+            raise GenerateError(f"{where}: {e}") from None
+    if not out:
+        raise GenerateError("no concepts: set generate.concepts='[board games, violins]' or generate.concepts_file=PATH")
+    return list(dict.fromkeys(out))
+
+
+def generate(cfg: DictConfig) -> list[dict]:
+    """Run the on-demand pipeline; return the scored statements (best first within each concept)."""
+    import numpy as np
+
+    from critics.scoring import score_texts
+    from i2d2.generation import generate_stage
+    from i2d2.io import read_jsonl, write_jsonl
+    from i2d2.models import load_causal_lm
+    from i2d2.prompts import build_generic_prompts
+    from trainers.lm_finetune import join_statement
+
+    g = cfg.generate
+    if g.kind not in ("noun", "goal"):
+        raise GenerateError(f"generate.kind must be noun or goal, got {g.kind!r}")
+    concepts = read_concepts(g)
+    name, k = resolve_model(cfg)
+    critic = resolve_critic(cfg, k)
+    delta = float(g.delta) if g.get("delta") is not None else critic.get("delta")
+    work = Path(g.out_dir) if g.get("out_dir") else Path(tempfile.mkdtemp(prefix="i2d2-generate-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        (work / "concepts.txt").write_text("\n".join(concepts) + "\n")
+        data = OmegaConf.to_container(cfg.data, resolve=True)
+        if g.kind == "noun" and g.relations not in (data.get("relations") or {}):
+            raise GenerateError(f"generate.relations={g.relations!r} is not a data.relations list "
+                                f"({', '.join(data.get('relations') or {})})")
+        data["sources"] = {"cli": {"path": str((work / "concepts.txt").resolve()), "format": "lines", "kind": g.kind,
+                                   "relations": g.relations, "max_concepts": None}}
+        data["related_prompts"] = "none"
+        data.setdefault("perplexity", {})["threshold"] = None
+        model, tok = load_causal_lm(name, cache=cfg.get("cache_dir"), dtype=cfg.model.get("dtype"))
+        log.info("generate: %d concepts with %s", len(concepts), name)
+        build_generic_prompts(OmegaConf.create(data), model, tok, work / "all_prompts.jsonl")
+        prompts = read_jsonl(work / "all_prompts.jsonl")
+        by_concept: dict[str, list[dict]] = {}
+        for p in sorted(prompts, key=lambda r: r.get("perplexity", 0.0)):
+            by_concept.setdefault(p["concept"], [])
+            if len(by_concept[p["concept"]]) < int(g.prompts_per_concept):
+                by_concept[p["concept"]].append(p)
+        chosen = [p for c in concepts for p in by_concept.get(c, [])]
+        write_jsonl(work / "prompts.jsonl", chosen)
+        generate_stage(model, tok, work / "prompts.jsonl", work / "generations", OmegaConf.to_container(cfg.decoding, resolve=True),
+                       shard_size=int(OmegaConf.select(cfg, "data.generation.shard_size", default=64) or 64))
+        rows = read_jsonl(work / "generations" / "generations.jsonl")
+        for r in rows:
+            r["statement"] = join_statement(r["prompt"], r["generation"])
+        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows]) if rows else np.zeros(0)
+        for r, s in zip(rows, scores):
+            r["critic_score"] = float(s)
+            r["accepted"] = bool(delta is None or s > delta)
+        rows.sort(key=lambda r: (concepts.index(r["concept"]) if r["concept"] in concepts else 0, -r["critic_score"]))
+        write_jsonl(work / "scored.jsonl", rows)
+    finally:
+        if not g.get("out_dir"):
+            shutil.rmtree(work, ignore_errors=True)
+    _print(rows, concepts, int(g.top_k), delta, bool(g.only_accepted), name, critic["model_dir"])
+    return rows
+
+
+def _print(rows, concepts, top_k, delta, only_accepted, model_name, critic_dir, file=sys.stdout):
+    print(f"# model: {model_name}\n# critic: {critic_dir} (δ = {'–' if delta is None else f'{delta:.3f}'})", file=file)
+    for c in concepts:
+        mine, seen = [], set()
+        for r in rows:
+            key = r["statement"].lower()
+            if r["concept"] != c or key in seen or (only_accepted and not r["accepted"]):
+                continue
+            seen.add(key)
+            mine.append(r)
+        print(f"\n== {c} ==", file=file)
+        if not mine:
+            print("  (no statement" + (" above δ" if only_accepted else "") + ")", file=file)
+        for r in mine[:top_k]:
+            mark = "✓" if r["accepted"] else " "
+            print(f"  {r['critic_score']:.3f} {mark} {r['statement']}", file=file)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+def main(cfg: DictConfig):
+    config.setup_run(cfg)
+    try:
+        generate(cfg)
+    except (GenerateError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

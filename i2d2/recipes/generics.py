@@ -1,0 +1,639 @@
+"""I2D2's self-imitation loop (i2d2.txt §2.4, Algorithm 1): ``python -m i2d2.train iteration=k``.
+
+Iteration k, in ``{run_dir}/iter_{k}/``:
+
+  prompts/      the prompt pool (built once, with P_0, in iteration 0) and the prompts of this iteration
+  generations/  NeuroLogic generations of P_k (shards; resumable; split over ranks under DDP)
+  critic/       the critic Ω trained on the labels available (seed set + the run's labels store), or a
+                pointer to an earlier iteration's critic when the labels did not change (task.critic.refresh)
+  filtered/     kept.jsonl / dropped.jsonl: critic score > δ (+ constraints satisfied, de-duplicated);
+                to_label.csv: a stratified sample to label for the next critic (python -m i2d2.annotate)
+  finetune/     Lightning checkpoints of the fine-tuning (resumable)
+  model/        P_{k+1} in save_pretrained format (written atomically)
+  report/ + report.md, config.yaml
+
+P_0 is ``model.name``; P_k (k > 0) is ``iter_{k-1}/model``. Every stage runs through ``i2d2.io.run_stage``
+with a fingerprint of its inputs: a finished stage is skipped on restart, an unfinished one resumes from its
+last finished unit, a stage whose inputs changed is redone.
+
+Multi-process: ``trainer=ddp`` (or DeepSpeed) with several devices relaunches the command once per rank
+(Lightning's launcher) before the first stage; generation and fine-tuning then run on every rank, the other
+stages on rank 0 while the other ranks wait for its result. Fork-based strategies (``trainer.strategy=ddp_fork``)
+keep one main process and fork the ranks for generation and for fine-tuning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from i2d2.io import DONE, STARTED, fingerprint, mark_done, read_jsonl, run_stage, stage_done, write_json, write_jsonl, \
+    write_text
+
+log = logging.getLogger(__name__)
+
+FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
+REFRESH = ("new_labels", "always", "never")
+SAMPLING = ("fixed", "fresh")
+TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation"}
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message names the config field."""
+
+
+class MissingIterationError(FileNotFoundError):
+    """iteration=k asked for, but iteration k-1's model is not in run_dir."""
+
+
+# ----------------------------------------------------------------------------- configuration checks
+
+def _get(cfg, dotted: str, default=None):
+    v = OmegaConf.select(cfg, dotted, default=default) if isinstance(cfg, DictConfig) else cfg.get(dotted, default)
+    return default if v is None else v
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Fail before any work, naming the field, for settings the loop cannot run."""
+    from trainers.lm_finetune import check_trainer_cfg
+
+    def need(cond, field, msg):
+        if not cond:
+            raise ConfigError(f"{field}: {msg}")
+
+    it, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
+    need(isinstance(it, int) and not isinstance(it, bool) and it >= 0, "iteration", f"must be an integer >= 0, got {it!r}")
+    need(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
+    t = cfg.task
+    unknown = sorted(set(t) - TASK_KEYS)
+    need(not unknown, "task", f"unknown key(s) {unknown} in conf/task/i2d2.yaml; known: {sorted(TASK_KEYS)}")
+    mp = t.get("max_prompts")
+    need(mp is None or (isinstance(mp, int) and mp >= 1), "task.max_prompts", f"must be null or an integer >= 1, got {mp!r}")
+    need(t.get("prompt_sampling", "fixed") in SAMPLING, "task.prompt_sampling", f"must be one of {SAMPLING}")
+    need(_get(t, "critic.refresh", "new_labels") in REFRESH, "task.critic.refresh",
+         f"must be one of {REFRESH}, got {_get(t, 'critic.refresh')!r}")
+    d = _get(t, "filter.delta")
+    need(d is None or (isinstance(d, (int, float)) and 0.0 <= d < 1.0), "task.filter.delta",
+         f"must be null (use the critic's δ) or a number in [0, 1), got {d!r}")
+    need(_get(t, "filter.truncate", "sentence") in ("none", "newline", "sentence"), "task.filter.truncate",
+         f"must be none, newline or sentence, got {_get(t, 'filter.truncate')!r}")
+    ft = t.finetune
+    need(isinstance(ft.get("lr"), (int, float)) and ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.get('lr')!r}")
+    for key in ("epochs", "batch_size", "accumulate_grad_batches", "max_length", "ckpt_every_n_steps"):
+        v = ft.get(key)
+        need(isinstance(v, int) and v >= 1, f"task.finetune.{key}", f"must be an integer >= 1, got {v!r}")
+    need(isinstance(ft.get("max_steps", -1), int), "task.finetune.max_steps", "must be an integer (-1: no limit)")
+    lora = ft.get("lora") or {}
+    need(isinstance(lora.get("enabled", False), bool), "task.finetune.lora.enabled", "must be true or false")
+    if lora.get("enabled"):
+        need(isinstance(lora.get("r"), int) and lora.r >= 1, "task.finetune.lora.r", f"must be an integer >= 1, got {lora.get('r')!r}")
+    for key in ("beam_size", "num_return", "max_new_tokens"):
+        v = cfg.decoding.get(key)
+        need(isinstance(v, int) and v >= 1, f"decoding.{key}", f"must be an integer >= 1, got {v!r}")
+    need(cfg.decoding.num_return <= cfg.decoding.beam_size, "decoding.num_return",
+         f"({cfg.decoding.num_return}) cannot exceed decoding.beam_size ({cfg.decoding.beam_size})")
+    try:
+        check_trainer_cfg(OmegaConf.to_container(cfg.trainer, resolve=True))
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
+
+
+def model_dir(run_dir: str | Path, k: int) -> Path:
+    """Where iteration k writes P_{k+1}."""
+    return Path(run_dir) / f"iter_{k}" / "model"
+
+
+def generator_name(cfg: DictConfig, k: int) -> str:
+    """P_k: the configured base LM for k = 0, else the model iteration k-1 wrote."""
+    if k == 0:
+        return str(cfg.model.name)
+    prev = model_dir(cfg.run_dir, k - 1)
+    if not (prev / "config.json").exists():
+        have = sorted(p.parent.parent.name for p in Path(cfg.run_dir).glob("iter_*/model/config.json"))
+        raise MissingIterationError(
+            f"iteration={k} starts from iteration {k - 1}'s model, but {prev} does not exist "
+            f"(run_dir={cfg.run_dir}; finished iterations there: {have or 'none'}). "
+            f"Run `python -m i2d2.train iteration={k - 1}` first with the same run_dir, or set iteration/run_dir.")
+    return str(prev)
+
+
+# ----------------------------------------------------------------------------- ranks
+
+@dataclass
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    mode: str = "single"   # single | fork (ranks forked per stage) | subprocess (whole command per rank)
+
+    @property
+    def zero(self) -> bool:
+        return self.rank == 0
+
+
+def launch(cfg: DictConfig) -> Ranks:
+    """Start the ranks a multi-device trainer config asks for (see the module docstring)."""
+    from trainers.lm_finetune import is_deepspeed, strategy_name, world_size_of
+
+    tc = OmegaConf.to_container(cfg.trainer, resolve=True)
+    world = world_size_of(tc)
+    if world == 1:
+        return Ranks()
+    name = strategy_name(tc)
+    if name in FORK_STRATEGIES:
+        return Ranks(0, world, "fork")
+    if not (name.startswith("ddp") or is_deepspeed(tc)):
+        raise ConfigError(f"trainer.strategy={name!r} with {world} devices: the loop supports ddp, ddp_fork, "
+                          "ddp_spawn and DeepSpeed strategies")
+    import torch.distributed as dist
+    from lightning.fabric import Fabric
+
+    if not (dist.is_available() and dist.is_initialized()):
+        fabric = Fabric(accelerator=tc.get("accelerator", "auto"), devices=tc.get("devices", 1),
+                        num_nodes=int(tc.get("num_nodes", 1) or 1), strategy="ddp")
+        fabric.launch()  # re-runs this command once per extra rank; initialises the process group
+    return Ranks(dist.get_rank(), dist.get_world_size(), "subprocess")
+
+
+def _barrier(ranks: Ranks) -> None:
+    if ranks.mode == "subprocess":
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _wait_for(out_dir: Path, fp: str, poll: float = 2.0) -> dict:
+    """Non-zero ranks wait (without a collective timeout) for rank 0 to finish a rank-0 stage."""
+    failed = out_dir / "_FAILED.json"
+    ppid = os.getppid()
+    while True:
+        done = stage_done(out_dir, fp)
+        if done is not None:
+            return done
+        if failed.exists() and json.loads(failed.read_text()).get("fingerprint") == fp:
+            raise RuntimeError(f"rank 0 failed in stage {out_dir}: {json.loads(failed.read_text()).get('error')}")
+        if os.getppid() != ppid:
+            raise RuntimeError("the launching process exited; stopping this rank")
+        time.sleep(poll)
+
+
+def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None], name: str,
+          all_ranks: bool = False) -> dict:
+    """``run_stage`` with ranks: rank-0 stages make the others wait; all-rank stages run ``fn`` everywhere."""
+    out_dir = Path(out_dir)
+    if ranks.mode != "subprocess":
+        return run_stage(out_dir, fp, fn, name)
+    if not all_ranks:
+        if not ranks.zero:
+            return _wait_for(out_dir, fp)
+        try:
+            return run_stage(out_dir, fp, fn, name)
+        except BaseException as e:
+            write_json(out_dir / "_FAILED.json", {"fingerprint": fp, "error": repr(e)})
+            raise
+    _barrier(ranks)
+    done = stage_done(out_dir, fp)
+    if done is not None:
+        return done
+    if ranks.zero:
+        started = out_dir / STARTED
+        if started.exists() and json.loads(started.read_text()).get("fingerprint") != fp:
+            shutil.rmtree(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(started, {"fingerprint": fp})
+    _barrier(ranks)
+    summary = fn(out_dir) or {}
+    _barrier(ranks)
+    if ranks.zero:
+        mark_done(out_dir, fp, summary)
+    _barrier(ranks)
+    return stage_done(out_dir, fp) or summary  # rank 0's summary on every rank
+
+
+# ----------------------------------------------------------------------------- the stages
+
+def _plain(node) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _model_id(name: str) -> str:
+    """A fingerprint part for a model: its files' content for a local folder, else its name."""
+    p = Path(name)
+    return fingerprint(p) if p.is_dir() else name
+
+
+def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple[Path, dict]:
+    from i2d2.prompts import build_generic_prompts
+
+    out = it_dir / "prompts"
+    pool0 = Path(cfg.run_dir) / "iter_0" / "prompts" / "all.jsonl"
+    sampling = cfg.task.get("prompt_sampling", "fixed")
+    max_prompts = cfg.task.get("max_prompts")
+    if k == 0:
+        fp = fingerprint("prompts", _plain(cfg.data), str(cfg.model.name), max_prompts, sampling, int(cfg.seed))
+    else:
+        if not pool0.exists():
+            raise MissingIterationError(f"iteration {k} reuses iteration 0's prompt pool, but {pool0} is missing")
+        fp = fingerprint("prompts", pool0, max_prompts, sampling, int(cfg.seed), k if sampling == "fresh" else 0)
+
+    def fn(d: Path) -> dict:
+        info: dict = {}
+        if k == 0:
+            model, tok = lm()
+            info = build_generic_prompts(cfg.data, model, tok, d / "all.jsonl", tracker=tracker)
+        else:
+            shutil.copyfile(pool0, d / "all.jsonl")
+        pool = read_jsonl(d / "all.jsonl", required=("prompt_id", "prompt", "constraints"))
+        rng = np.random.default_rng(int(cfg.seed) + (k if sampling == "fresh" else 0))
+        rows = sample_prompts(pool, max_prompts, rng)
+        write_jsonl(d / "prompts.jsonl", rows)
+        return {"n_pool": len(pool), "n_prompts": len(rows),
+                "n_concepts": len({r.get("concept") for r in rows}), **{f"build_{a}": b for a, b in info.items()
+                                                                       if isinstance(b, (int, float))}}
+
+    summary = stage(ranks, out, fp, fn, "prompts")
+    return out / "prompts.jsonl", summary
+
+
+def sample_prompts(pool: list[dict], max_prompts: int | None, rng: np.random.Generator) -> list[dict]:
+    """``max_prompts`` prompts spread over the concepts: concepts in random order, one prompt per concept
+    per round (random within a concept), so that no concept with many templates crowds out the others.
+    Returned in pool order."""
+    if max_prompts is None or len(pool) <= max_prompts:
+        return list(pool)
+    by_concept: dict[str, list[int]] = {}
+    for i, p in enumerate(pool):
+        by_concept.setdefault(str(p.get("concept", "")), []).append(i)
+    queues = [list(rng.permutation(v)) for _, v in sorted(by_concept.items())]
+    queues = [queues[j] for j in rng.permutation(len(queues))]
+    chosen: list[int] = []
+    while len(chosen) < max_prompts:
+        for q in queues:
+            if q and len(chosen) < max_prompts:
+                chosen.append(int(q.pop()))
+    return [pool[i] for i in sorted(chosen)]
+
+
+def _gen_worker(fabric, model, tok, prompts_path, out_dir, decoding, shard_size, sample_rows):
+    """One rank of a forked generation stage (Fabric passes itself first)."""
+    from i2d2.generation import generate_stage
+
+    model = model.to(fabric.device).eval()
+    return generate_stage(model, tok, prompts_path, out_dir, decoding, shard_size=shard_size,
+                          rank=fabric.global_rank, world_size=fabric.world_size, sample_rows=sample_rows)
+
+
+def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
+    from i2d2.generation import generate_stage
+
+    out = it_dir / "generations"
+    shard = int(_get(cfg.data, "generation.shard_size", 64))
+    sample_rows = int(_get(cfg.data, "generation.sample_rows", 20))
+    decoding = _plain(cfg.decoding)
+    fp = fingerprint("generation", prompts_path, decoding, shard, model_key)
+
+    def fn(d: Path) -> dict:
+        model, tok = lm()
+        if ranks.mode == "fork":
+            from lightning.fabric import Fabric
+
+            tc = _plain(cfg.trainer)
+            fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
+            summary = fabric.launch(_gen_worker, model, tok, prompts_path, d, decoding, shard, sample_rows)
+            if not (d / "generations.jsonl").exists():
+                raise RuntimeError(f"forked generation finished without {d / 'generations.jsonl'}")
+            summary = json.loads((d / "generation_summary.json").read_text())
+            if tracker is not None:
+                tracker.log_metrics({f"generation/{k}": summary[k] for k in (
+                    "n_prompts", "n_generations", "constraint_satisfaction_rate", "prompts_per_s")})
+            return summary
+        device = _device(cfg)
+        model.to(device).eval()
+        summary = generate_stage(model, tok, prompts_path, d, decoding, tracker=tracker if ranks.zero else None,
+                                 shard_size=shard, sample_rows=sample_rows,
+                                 rank=ranks.rank if ranks.mode == "subprocess" else None,
+                                 world_size=ranks.world if ranks.mode == "subprocess" else None)
+        if not summary.get("complete", True):
+            raise RuntimeError(f"generation incomplete in {d}: {summary}")
+        return summary
+
+    return stage(ranks, out, fp, fn, "generation", all_ranks=True)
+
+
+def _device(cfg) -> str:
+    import torch
+
+    accel = str(cfg.trainer.get("accelerator", "cpu"))
+    if accel in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        return "cuda"
+    return "cpu"
+
+
+def critic_trainer(cfg, ranks: Ranks) -> dict:
+    """The critic's trainer: one device in a single main process (fork strategies included), plain DDP over
+    the launched ranks otherwise (a small classifier needs no DeepSpeed; every rank must join its collectives)."""
+    from trainers.lm_finetune import is_deepspeed, resolve_precision
+
+    tc = _plain(cfg.trainer)
+    out = {k: v for k, v in tc.items() if k not in ("strategy", "devices", "num_nodes")}
+    out["precision"] = resolve_precision(tc)
+    if ranks.mode == "subprocess":
+        out.update(devices=tc.get("devices"), num_nodes=tc.get("num_nodes", 1) or 1,
+                   strategy="ddp" if is_deepspeed(tc) else tc.get("strategy", "ddp"))
+    else:
+        out.update(devices=1, strategy="auto")
+    return out
+
+
+def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
+    from critics.train import train_critic
+    from i2d2.annotation import critic_annotation_paths
+
+    out = it_dir / "critic"
+    paths = critic_annotation_paths(list(_get(cfg.critic, "seed_annotations", ["generics_seed.jsonl"])), cfg.run_dir)
+    labels_fp = fingerprint("critic", *paths, _plain(cfg.critic))
+    policy = _get(cfg.task, "critic.refresh", "new_labels")
+    source = None  # the iteration whose critic to reuse
+    if k > 0 and policy != "always":
+        for j in range(k - 1, -1, -1):
+            prev = Path(cfg.run_dir) / f"iter_{j}" / "critic"
+            marker = prev / DONE
+            if not marker.exists():
+                continue
+            info = json.loads(marker.read_text()).get("summary", {})
+            if policy == "never" or info.get("labels_fingerprint") == labels_fp:
+                source = (j, info)
+            break
+    fp = fingerprint(labels_fp, policy, None if source is None else source[1].get("model_dir"))
+
+    def fn(d: Path) -> dict:
+        if source is not None:
+            j, info = source
+            for f in ("metrics.json", "val_scores.jsonl", "pr_curve.png", "score_histogram.png"):
+                src = Path(cfg.run_dir) / f"iter_{j}" / "critic" / f
+                if src.exists():
+                    shutil.copyfile(src, d / f)
+            log.info("critic: labels unchanged since iteration %d (task.critic.refresh=%s): reusing its critic", j, policy)
+            return {**info, "reused_from": j if info.get("reused_from") is None else info["reused_from"]}
+        summary = train_critic(cfg.critic, paths, d, trainer_cfg=critic_trainer(cfg, ranks), tracker=tracker,
+                               lm=lm() if ranks.zero else None)  # P_k's perplexity: the baseline ranker
+        return {**summary, "labels_fingerprint": labels_fp, "annotation_paths": [str(p) for p in paths],
+                "reused_from": None}
+
+    # under a launched DDP run every rank joins the critic's fit (Lightning/torchmetrics collectives)
+    return stage(ranks, out, fp, fn, "critic", all_ranks=source is None)
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+
+
+def truncate(text: str, mode: str = "sentence") -> str:
+    """A generic is one statement: keep the first line (``newline``) or the first sentence (``sentence``)."""
+    if mode == "none":
+        return text
+    if mode not in ("newline", "sentence"):
+        raise ConfigError(f"task.filter.truncate must be none|newline|sentence, got {mode!r}")
+    text = text.strip().split("\n", 1)[0].strip()
+    if mode == "sentence":
+        m = _SENTENCE_END.search(text)
+        if m:
+            text = text[:m.end()]
+    return text
+
+
+def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks) -> dict:
+    from critics.scoring import score_texts
+    from i2d2.annotation import export_for_annotation, labels_store
+    from i2d2.filtering import threshold_filter, write_filtered
+    from trainers.lm_finetune import join_statement
+
+    out = it_dir / "filtered"
+    gens = it_dir / "generations" / "generations.jsonl"
+    fcfg = _plain(cfg.task.filter)
+    delta = float(fcfg["delta"]) if fcfg.get("delta") is not None else float(critic["delta"])
+    acfg = _plain(cfg.task.get("annotation") or {})
+    fp = fingerprint("filter", gens, critic.get("model_dir"), delta, fcfg, acfg)
+
+    def fn(d: Path) -> dict:
+        rows = read_jsonl(gens, required=("prompt_id",))  # an empty generation is a row too (dropped below)
+        mode = fcfg.get("truncate", "sentence")
+        for r in rows:
+            r["generation"] = r.get("generation") or ""
+            cut = truncate(r["generation"], mode)
+            if cut != r["generation"]:
+                r["generation_raw"], r["generation"] = r["generation"], cut
+            r["statement"] = join_statement(r.get("prompt", ""), r["generation"])
+        n_empty = sum(not r["generation"] for r in rows)
+        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
+                             batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
+        kept, dropped = threshold_filter(rows, scores, delta)
+        for r in dropped:
+            r["drop_reason"] = "critic"
+        for r in [r for r in kept if not r["generation"]]:  # nothing left after truncation
+            kept.remove(r)
+            dropped.append({**r, "drop_reason": "empty"})
+        accepted = len(kept)
+        if fcfg.get("require_constraints", True):
+            ok = [r for r in kept if r.get("all_satisfied", True)]
+            for r in kept:
+                if not r.get("all_satisfied", True):
+                    dropped.append({**r, "drop_reason": "constraints"})
+            n_unsat, kept = len(kept) - len(ok), ok
+        else:
+            n_unsat = 0
+        n_dup = 0
+        if fcfg.get("dedupe", True):
+            best: dict[str, dict] = {}
+            for r in kept:
+                key = " ".join(r["statement"].lower().split())
+                if key not in best or r["critic_score"] > best[key]["critic_score"]:
+                    best[key] = r
+            chosen = {id(r) for r in best.values()}
+            for r in kept:
+                if id(r) not in chosen:
+                    dropped.append({**r, "drop_reason": "duplicate"})
+            n_dup = len(kept) - len(best)
+            kept = [r for r in kept if id(r) in chosen]
+        summary = write_filtered(d, kept, dropped, delta=delta, tracker=tracker)
+        write_jsonl(d / "scores.jsonl", [{"prompt_id": r["prompt_id"], "rank_in_prompt": r.get("rank_in_prompt"),
+                                          "critic_score": float(s)} for r, s in zip(rows, scores)])
+        summary.update(accepted_rate=accepted / len(rows) if rows else 0.0, n_dropped_constraints=n_unsat,
+                       n_truncated=sum("generation_raw" in r for r in rows), n_empty=n_empty,
+                       n_dropped_duplicates=n_dup, delta_source="task.filter.delta" if fcfg.get("delta") is not None
+                       else "critic")
+        k_per = int(acfg.get("k_per_concept", 4))
+        if k_per > 0:
+            store = labels_store(cfg.run_dir)
+            exclude = [r["statement"] for r in read_jsonl(store)] if store.exists() else []
+            exported = export_for_annotation(kept + dropped, d / "to_label.csv", k_per_concept=k_per,
+                                             seed=int(cfg.seed) + k, exclude=exclude)
+            summary["n_to_label"] = len(exported)
+        write_json(d / "summary.json", summary)
+        return summary
+
+    return stage(ranks, out, fp, fn, "filter")
+
+
+def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks: Ranks) -> dict:
+    from trainers.lm_finetune import finetune
+
+    out = it_dir / "finetune"
+    kept_path = it_dir / "filtered" / "kept.jsonl"
+    ft = _plain(cfg.task.finetune)
+    tc = _plain(cfg.trainer)
+    result_keys = {k_: v for k_, v in ft.items() if k_ not in ("keep_checkpoints", "ckpt_every_n_steps")}
+    fp = fingerprint("finetune", kept_path, result_keys,
+                     {k_: v for k_, v in tc.items() if k_ not in ("log_every_n_steps", "enable_progress_bar")},
+                     model_key, int(cfg.seed))
+
+    def fn(d: Path) -> dict:
+        rows = read_jsonl(kept_path, required=("generation",))
+        if not rows:
+            raise RuntimeError(
+                f"iteration {k}: no generation passed the filter ({kept_path} is empty), so there is nothing to "
+                "fine-tune on. Lower task.filter.delta, raise task.max_prompts, or set task.filter.require_constraints=false.")
+        model, tok = lm()
+        return finetune(model, tok, rows, d, model_dir(cfg.run_dir, k), ft, tc, logger=logger, seed=int(cfg.seed) + k,
+                        meta={"iteration": k, "base_model": model_key if not Path(model_key).exists() else None,
+                              "trained_from": lm.name})
+
+    return stage(ranks, out, fp, fn, "finetune", all_ranks=True)
+
+
+def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict, ft: dict, prompts: dict,
+                 generator: str, tracker) -> dict:
+    from critics.data import load_annotations
+    from i2d2.annotation import labels_store
+    from i2d2.report import diversity, human_eval, human_labels, write_report
+
+    rcfg = _plain(cfg.task.get("report") or {})
+    kept = read_jsonl(it_dir / "filtered" / "kept.jsonl")
+    dropped = read_jsonl(it_dir / "filtered" / "dropped.jsonl")
+    everything = kept + dropped
+    sample = int(rcfg.get("self_bleu_sample", 200))
+    seed = int(cfg.seed) + k
+    div_kept = diversity(kept, sample, seed, float(rcfg.get("mnr_fraction", 0.3)), float(rcfg.get("mnr_bleu", 0.85)))
+    div_all = diversity(everything, sample, seed, float(rcfg.get("mnr_fraction", 0.3)), float(rcfg.get("mnr_bleu", 0.85)))
+    store = labels_store(cfg.run_dir)
+    human = None
+    if store.exists():
+        labels = human_labels(load_annotations([store], _get(cfg.critic, "label_map"), on_error="skip"))
+        human = human_eval(everything, labels, float(filt["delta"]))
+    if human is not None:
+        pr = {"source": "human labels", "y": human["y"], "scores": human["scores"]}
+    else:
+        val = read_jsonl(it_dir / "critic" / "val_scores.jsonl") if (it_dir / "critic" / "val_scores.jsonl").exists() else []
+        pr = {"source": "critic validation", "y": [int(r["y"]) for r in val], "scores": [float(r["critic_score"]) for r in val]}
+    n_gen = int(gen.get("n_generations", len(everything)))
+    metrics = {
+        "iteration": k, "generator": generator, "next_model": str(model_dir(cfg.run_dir, k)),
+        "n_prompts": int(gen.get("n_prompts", prompts.get("n_prompts", 0))), "n_generations": n_gen,
+        "constraint_satisfaction_rate": float(gen.get("constraint_satisfaction_rate", float("nan"))),
+        "prompts_per_s": gen.get("prompts_per_s"),
+        "critic_model": critic.get("model_dir"), "critic_reused_from": critic.get("reused_from"),
+        "critic_ap": critic.get("ap"), "critic_ap_perplexity": critic.get("ap_perplexity"),
+        "critic_precision": critic.get("precision"), "critic_recall": critic.get("recall"),
+        "delta": float(filt["delta"]), "accepted_rate": float(filt["accepted_rate"]),
+        "kept_fraction": float(filt["keep_rate"]), "n_kept": int(filt["n_kept"]),
+        "n_dropped_constraints": filt.get("n_dropped_constraints"), "n_dropped_duplicates": filt.get("n_dropped_duplicates"),
+        "human_accuracy": None if human is None else human["human_accuracy"],
+        "human_n_labelled": None if human is None else human["n_labelled"],
+        "human_precision_at_delta": None if human is None else human["human_precision_at_delta"],
+        "self_bleu_kept": div_kept["self_bleu"], "self_bleu_all": div_all["self_bleu"],
+        "unique_estimate": div_kept["unique_estimate"], "unique_per_concept": div_kept["unique_per_concept"],
+        "unique_estimate_all": div_all["unique_estimate"], "distinct_fraction_all": div_all["distinct_fraction"],
+        "mnr_kept": div_kept["mnr"],
+        "finetune_n_train": ft.get("n_train"), "finetune_steps": ft.get("steps"), "finetune_loss": ft.get("train_loss"),
+        "n_to_label": filt.get("n_to_label"),
+    }
+    out = write_report(it_dir, Path(cfg.run_dir), metrics, kept, dropped, pr, tracker=tracker,
+                       n_samples=int(rcfg.get("samples", 10)), seed=seed)
+    return {**metrics, **out}
+
+
+# ----------------------------------------------------------------------------- driver
+
+class _LazyLM:
+    """Loads P_k at most once per iteration, only if a stage that is not finished needs it."""
+
+    def __init__(self, cfg, name: str):
+        self.cfg, self.name, self._lm = cfg, name, None
+
+    def __call__(self):
+        if self._lm is None:
+            from i2d2.models import load_causal_lm
+
+            self._lm = load_causal_lm(self.name, cache=self.cfg.get("cache_dir"), dtype=_get(self.cfg.model, "dtype"))
+        return self._lm
+
+
+def _iteration_cfg(cfg: DictConfig, k: int) -> DictConfig:
+    c = cfg.copy()
+    OmegaConf.set_struct(c, False)
+    c.iteration = k
+    return c
+
+
+def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
+    from i2d2.tracking import Tracker, build_logger
+
+    cfg = _iteration_cfg(cfg, k)
+    it_dir = Path(cfg.run_dir) / f"iter_{k}"
+    generator = generator_name(cfg, k)
+    if ranks.zero:
+        it_dir.mkdir(parents=True, exist_ok=True)
+        write_text(it_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    t0 = time.time()
+    logger = build_logger(cfg.logger) if ranks.zero or ranks.mode == "subprocess" else None
+    tracker = Tracker(logger, it_dir / "report") if ranks.zero else None
+    lm = _LazyLM(cfg, generator)
+    model_key = _model_id(generator)
+    log.info("iteration %d: generator P_%d = %s", k, k, generator)
+    timings = {}
+
+    cpu = {}
+
+    def timed(name, f):
+        s, c = time.time(), time.process_time()
+        r = f()
+        timings[name] = round(time.time() - s, 1)
+        cpu[name] = round(time.process_time() - c, 1)  # this process's CPU seconds (all its threads)
+        return r
+
+    prompts_path, prompts = timed("prompts", lambda: prompts_stage(cfg, k, it_dir, lm, tracker, ranks))
+    gen = timed("generation", lambda: generation_stage(cfg, it_dir, prompts_path, model_key, lm, tracker, ranks))
+    critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, lm, tracker, ranks))
+    filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
+    ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))
+    result: dict = {"iteration": k}
+    if ranks.zero:
+        result = timed("report", lambda: report_stage(cfg, k, it_dir, gen, critic, filt, ft, prompts, generator, tracker))
+        result["seconds"] = round(time.time() - t0, 1)
+        result["stage_seconds"] = timings
+        write_json(it_dir / "report" / "timings.json", {"wall_seconds": {"total": result["seconds"], **timings},
+                                                        "cpu_seconds": {"total": round(sum(cpu.values()), 1), **cpu}})
+        log.info("iteration %d done in %.0fs: %d generations, accepted rate %.3f, kept %d (%.3f), critic AP %s, δ=%.3f;"
+                 " report: %s", k, result["seconds"], result["n_generations"], result["accepted_rate"], result["n_kept"],
+                 result["kept_fraction"], result["critic_ap"], result["delta"], result["report"])
+        tracker.finish()
+    _barrier(ranks)
+    return result
+
+
+def run(cfg: DictConfig) -> list[dict]:
+    """Run iterations ``cfg.iteration`` .. ``cfg.iteration + cfg.num_iterations - 1``."""
+    check_config(cfg)
+    generator_name(cfg, int(cfg.iteration))  # a missing previous iteration fails before anything starts
+    ranks = launch(cfg)
+    return [run_iteration(cfg, k, ranks) for k in range(int(cfg.iteration), int(cfg.iteration) + int(cfg.num_iterations))]

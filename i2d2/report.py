@@ -1,0 +1,278 @@
+"""Per-iteration report of the I2D2 loop: markdown file + tracker metrics/tables/images.
+
+What one iteration reports (i2d2.txt §3.3, §3.4, A.1.7):
+  * prompts used, generations made, constraint-satisfaction rate;
+  * the critic: AP on held-out concepts (and the LM-perplexity ranker's AP), δ, precision/recall at δ;
+  * the generator's *critic-accepted rate before filtering* — the share of all generations with critic score
+    > δ (the paper's 45% → 58% → 62% measure); with human labels for this iteration's generations (imported
+    into the run's labels store) also their human-judged accuracy;
+  * kept fraction after the filter (critic, constraints, de-duplication);
+  * diversity: Self-BLEU on a sample and the mark-and-recapture (Chapman) unique-population estimate;
+  * samples, and the precision-recall curves of every iteration so far on one plot (Figure 7).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from i2d2.io import read_jsonl, write_json, write_text
+from i2d2.metrics import chapman_estimate, self_bleu
+
+log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- diversity
+
+def _norm(text: str) -> str:
+    return " ".join(str(text).lower().split())
+
+
+def mark_recapture(rows: Sequence[Mapping], fraction: float = 0.3, bleu_threshold: float = 0.85, seed: int = 0,
+                   text_key: str = "statement", concept_key: str = "concept") -> dict:
+    """Unique-population estimate of a corpus by mark and recapture (i2d2.txt A.1.7).
+
+    Two independent random captures of ``fraction`` of the corpus each. An item of the second capture is a
+    recapture when its BLEU against the first capture's items *of the same concept* exceeds
+    ``bleu_threshold`` (0.85 in the paper; scaled 0-1). Chapman's estimator then gives the number of unique
+    generics, over the whole corpus and per concept (the paper reports the per-concept mean).
+    """
+    from sacrebleu.metrics import BLEU
+
+    n = len(rows)
+    if n == 0:
+        return {"population": 0.0, "per_concept_mean": 0.0, "n_first": 0, "n_second": 0, "recaptured": 0,
+                "n_concepts": 0}
+    rng = np.random.default_rng(seed)
+    size = max(1, int(round(fraction * n)))
+    first = rng.choice(n, size=size, replace=False)
+    second = rng.choice(n, size=size, replace=False)
+    bleu = BLEU(effective_order=True)
+
+    def identify(i: int, registries: list[dict], own: dict, prefix: str) -> str:
+        """The individual row i is: a known one (same text, or BLEU > threshold with one of the same concept)
+        from ``registries`` in order, else a new one registered in ``own``."""
+        concept, text = str(rows[i].get(concept_key, "")), _norm(rows[i][text_key])
+        for reg in registries:
+            known = reg.get(concept, [])
+            for t, key in known:
+                if t == text:
+                    return key
+            if known:
+                scores = [bleu.sentence_score(text, [t]).score / 100.0 for t, _ in known]
+                best = int(np.argmax(scores))
+                if scores[best] > bleu_threshold:
+                    return known[best][1]
+        key = f"{prefix}{i}"
+        own.setdefault(concept, []).append((text, key))
+        return key
+
+    marked: dict[str, list] = {}
+    first_keys = [identify(int(i), [marked], marked, "m") for i in first]
+    unmarked: dict[str, list] = {}
+    second_keys, per_concept_second = [], defaultdict(list)
+    for j in second:
+        key = identify(int(j), [marked, unmarked], unmarked, "u")
+        second_keys.append(key)
+        per_concept_second[str(rows[int(j)].get(concept_key, ""))].append(key)
+    per_concept_first = defaultdict(list)
+    for i, key in zip(first, first_keys):
+        per_concept_first[str(rows[int(i)].get(concept_key, ""))].append(key)
+    est = chapman_estimate(first_keys, second_keys)
+    per_concept = [chapman_estimate(per_concept_first.get(c, []), per_concept_second.get(c, []))
+                   for c in set(per_concept_first) | set(per_concept_second)]
+    first_list = sorted(set(first_keys))
+    return {"population": float(est), "per_concept_mean": float(np.mean(per_concept)),
+            "n_first": len(first_list), "n_second": len(set(second_keys)),
+            "recaptured": len(set(first_list) & set(second_keys)), "n_concepts": len(per_concept)}
+
+
+def diversity(texts_rows: Sequence[Mapping], sample: int = 200, seed: int = 0, fraction: float = 0.3,
+              bleu_threshold: float = 0.85) -> dict:
+    """Self-BLEU on a random sample (lower = more diverse) + mark-and-recapture estimates."""
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(texts_rows))[:sample]
+    texts = [texts_rows[i]["statement"] for i in idx]
+    mnr = mark_recapture(texts_rows, fraction, bleu_threshold, seed)
+    return {"self_bleu": self_bleu(texts), "self_bleu_n": len(texts), "unique_estimate": mnr["population"],
+            "unique_per_concept": mnr["per_concept_mean"], "mnr": mnr,
+            "distinct_fraction": len({_norm(r["statement"]) for r in texts_rows}) / max(1, len(texts_rows))}
+
+
+# ----------------------------------------------------------------------------- human labels
+
+def human_labels(store_rows: Sequence[Mapping]) -> dict[str, int]:
+    """normalised statement -> 0/1 from rows loaded with critics.data.load_annotations (field ``y``)."""
+    return {_norm(r["statement"]): int(r["y"]) for r in store_rows if r.get("y") is not None}
+
+
+def human_eval(rows: Sequence[Mapping], labels: Mapping[str, int], delta: float) -> dict | None:
+    """Accuracy of the generator (before the critic) and the critic's PR on the labelled generations."""
+    hits = [(labels[_norm(r["statement"])], float(r["critic_score"])) for r in rows if _norm(r["statement"]) in labels]
+    if not hits:
+        return None
+    y = np.array([h[0] for h in hits])
+    s = np.array([h[1] for h in hits])
+    keep = s > delta
+    return {"n_labelled": len(hits), "human_accuracy": float(y.mean()),
+            "human_precision_at_delta": float(y[keep].mean()) if keep.any() else None,
+            "y": y.tolist(), "scores": s.tolist()}
+
+
+# ----------------------------------------------------------------------------- PR curves of all iterations
+
+def pr_data(iter_dir: Path) -> tuple[str, list[int], list[float]] | None:
+    """The PR data an iteration saved: human-labelled generations if any, else the critic's validation set."""
+    p = Path(iter_dir) / "report" / "pr_data.json"
+    if not p.exists():
+        return None
+    d = json.loads(p.read_text())
+    return d["source"], d["y"], d["scores"]
+
+
+def plot_all_iterations(run_dir: Path, upto: int, out_path: Path) -> dict:
+    """Figure 7: one PR curve per iteration 0..upto that has PR data; returns {curve name: AP}."""
+    from callbacks.plots import plot_pr_curves
+
+    curves = {}
+    for k in range(upto + 1):
+        d = pr_data(Path(run_dir) / f"iter_{k}")
+        if d is None:
+            continue
+        source, y, s = d
+        curves[f"iteration {k} ({source}, n={len(y)})"] = (y, s)
+    if not curves:
+        return {}
+    return plot_pr_curves(curves, out_path, title="I2D2 iterations: critic precision-recall")
+
+
+# ----------------------------------------------------------------------------- markdown
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _esc(s) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def history(run_dir: Path, upto: int) -> list[dict]:
+    out = []
+    for k in range(upto + 1):
+        p = Path(run_dir) / f"iter_{k}" / "report" / "metrics.json"
+        if p.exists():
+            out.append(json.loads(p.read_text()))
+    return out
+
+
+def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: Sequence[Mapping],
+                    pr_png: str | None) -> str:
+    k = m["iteration"]
+    lines = [f"# I2D2 iteration {k}", "",
+             f"Generator P_{k}: `{m['generator']}` → fine-tuned P_{k + 1}: `{m.get('next_model', '–')}`", "",
+             "| measure | value |", "|---|---|"]
+    rows = [
+        ("prompts", m["n_prompts"]), ("generations", m["n_generations"]),
+        ("constraint satisfaction rate", m["constraint_satisfaction_rate"]),
+        ("critic", f"`{m['critic_model']}`" + (f" (reused from iteration {m['critic_reused_from']})"
+                                               if m.get("critic_reused_from") is not None else "")),
+        ("critic AP (held-out concepts)", m["critic_ap"]), ("LM-perplexity AP (same set)", m.get("critic_ap_perplexity")),
+        ("δ", m["delta"]), ("critic precision / recall at δ (held-out)",
+                            f"{_fmt(m.get('critic_precision'))} / {_fmt(m.get('critic_recall'))}"),
+        ("critic-accepted rate before filtering (score > δ)", m["accepted_rate"]),
+        ("human-judged accuracy of generations", m.get("human_accuracy")),
+        ("kept fraction (critic + constraints + de-dup)", m["kept_fraction"]),
+        ("kept statements", m["n_kept"]),
+        ("Self-BLEU of kept (sample)", m.get("self_bleu_kept")), ("Self-BLEU of all generations (sample)",
+                                                                   m.get("self_bleu_all")),
+        ("unique kept generics, MnR Chapman estimate", m.get("unique_estimate")),
+        ("… per concept (mean)", m.get("unique_per_concept")),
+        ("fine-tuning: examples / steps / final loss", f"{m.get('finetune_n_train')} / {m.get('finetune_steps')} / "
+                                                     f"{_fmt(m.get('finetune_loss'))}"),
+    ]
+    lines += [f"| {a} | {_fmt(b)} |" for a, b in rows]
+    if len(hist) > 1:
+        lines += ["", "## All iterations", "",
+                  "| iteration | generations | constraint sat. | critic AP | δ | accepted rate | human accuracy | kept | Self-BLEU | unique (MnR) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for h in hist:
+            lines.append("| " + " | ".join(_fmt(h.get(c)) for c in (
+                "iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta", "accepted_rate",
+                "human_accuracy", "kept_fraction", "self_bleu_kept", "unique_estimate")) + " |")
+    if pr_png:
+        lines += ["", "## Precision-recall, all iterations", "", f"![PR curves]({pr_png})",
+                  "", "Curves use human labels of that iteration's generations where the run's labels store has them,"
+                  " otherwise the critic's held-out validation statements."]
+    for title, rows_ in samples.items():
+        lines += ["", f"## {title}", "", "| critic score | constraints | statement |", "|---|---|---|"]
+        lines += [f"| {r['critic_score']:.3f} | {'✓' if r.get('all_satisfied') else '✗'} | {_esc(r['statement'])} |"
+                  for r in rows_]
+    return "\n".join(lines) + "\n"
+
+
+def _distinct(rows: Sequence[Mapping]) -> list[Mapping]:
+    seen, out = set(), []
+    for r in rows:
+        key = _norm(r["statement"])
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+def pick_samples(kept: Sequence[Mapping], dropped: Sequence[Mapping], n: int = 10, seed: int = 0) -> dict:
+    """Sample tables (distinct statements): best and random kept, critic-rejected nearest δ and lowest."""
+    rng = np.random.default_rng(seed)
+    kept = _distinct(kept)
+    rejected = _distinct([r for r in dropped if r.get("drop_reason", "critic") == "critic"])
+    top = sorted(kept, key=lambda r: -r["critic_score"])[:n]
+    rand = [kept[i] for i in sorted(rng.permutation(len(kept))[:n].tolist())]
+    near = sorted(rejected, key=lambda r: -r["critic_score"])[:n]
+    worst = sorted(rejected, key=lambda r: r["critic_score"])[:n]
+    return {"Top kept generations": top, "Random kept generations": rand,
+            "Rejected by the critic, closest to δ": near, "Rejected by the critic, lowest score": worst}
+
+
+def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence[Mapping],
+                 dropped: Sequence[Mapping], pr: Mapping, tracker=None, n_samples: int = 10, seed: int = 0) -> dict:
+    """Write ``iter_dir/report/{metrics.json, pr_data.json, pr_curves.png}`` and ``iter_dir/report.md``."""
+    iter_dir, run_dir = Path(iter_dir), Path(run_dir)
+    rdir = iter_dir / "report"
+    write_json(rdir / "pr_data.json", pr)
+    write_json(rdir / "metrics.json", dict(metrics))
+    aps = plot_all_iterations(run_dir, int(metrics["iteration"]), rdir / "pr_curves.png")
+    samples = pick_samples(kept, dropped, n_samples, seed)
+    hist = history(run_dir, int(metrics["iteration"]))
+    md = render_markdown(metrics, samples, hist, "report/pr_curves.png" if aps else None)
+    write_text(iter_dir / "report.md", md)
+    if tracker is not None:
+        tracker.log_metrics({f"report/{k}": v for k, v in metrics.items()
+                             if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None
+                             and not (isinstance(v, float) and math.isnan(v))}, step=int(metrics["iteration"]))
+        cols = ["sample", "critic_score", "all_satisfied", "prompt", "generation", "concept"]
+        tracker.log_table("report/samples", cols, [[t, r["critic_score"], r.get("all_satisfied"), r.get("prompt"),
+                                                    r.get("generation"), r.get("concept")]
+                                                   for t, rs in samples.items() for r in rs])
+        if hist:
+            hcols = ["iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta",
+                     "accepted_rate", "human_accuracy", "kept_fraction", "self_bleu_kept", "unique_estimate"]
+            tracker.log_table("report/iterations", hcols, [[h.get(c) for c in hcols] for h in hist])
+        if aps:
+            tracker.log_image("report/pr_curves_all_iterations", rdir / "pr_curves.png")
+    return {"report": str(iter_dir / "report.md"), "pr_aps": aps}
+
+
+def load_rows(path: Path) -> list[dict]:
+    return read_jsonl(path) if Path(path).exists() else []

@@ -1,0 +1,117 @@
+"""Self-imitation fine-tuning: prompt-masked LM loss, LoRA, atomic save, resume after a kill, config errors."""
+
+import copy
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from i2d2.models import load_causal_lm, tiny_model
+from trainers.lm_finetune import (IGNORE, ResumableBatchSampler, RightPadCollator, SelfImitationDataModule, encode_example, finetune,
+                                  join_statement)
+
+ROWS = [{"prompt": p, "generation": g} for p, g in [
+    ("Dogs are", "loyal animals."), ("A hammer can", "drive nails into wood."), ("Cats have", "sharp claws."),
+    ("Rain is", "water falling from clouds."), ("Bread can", "be baked in an oven."), ("Birds can", "fly high."),
+    ("Trees have", "green leaves."), ("Coffee is", "a bitter drink."), ("Ice is", "frozen water."),
+    ("Snow is", "cold and white."),
+]]
+CFG = dict(lr=5e-3, epochs=2, batch_size=2, accumulate_grad_batches=1, max_length=32, ckpt_every_n_steps=1)
+CPU = dict(_target_="lightning.Trainer", accelerator="cpu", devices=1, precision="32-true", max_epochs=1,
+           log_every_n_steps=1, enable_checkpointing=True, enable_progress_bar=False)
+
+
+def test_loss_only_on_continuation_and_eos():
+    _, tok = tiny_model("gpt2")
+    ex = encode_example(tok, "Dogs are", "loyal animals.", max_length=32)
+    n_prompt = len(tok("Dogs are")["input_ids"])
+    assert ex["labels"][:n_prompt] == [IGNORE] * n_prompt
+    cont = ex["labels"][n_prompt:]
+    assert IGNORE not in cont and cont[-1] == tok.eos_token_id
+    assert tok.decode(cont[:-1]) == " loyal animals."
+    assert tok.decode(ex["input_ids"][:-1]) == join_statement("Dogs are", "loyal animals.") == "Dogs are loyal animals."
+    short = encode_example(tok, "Dogs are", "loyal animals that bark at night.", max_length=5)
+    assert len(short["input_ids"]) == 5 and short["labels"][-1] != IGNORE
+
+
+def test_sampler_shards_cover_everything_and_skip():
+    shards = [list(ResumableBatchSampler(10, 2, seed=3, rank=r, world_size=2)) for r in range(2)]
+    flat = [i for s in shards for b in s for i in b]
+    assert sorted(flat) == list(range(10)) and len(shards[0]) == len(shards[1]) == 3
+    s = ResumableBatchSampler(10, 2, seed=3)
+    full = list(s)
+    s.skip(0, 2)
+    assert list(s) == full[2:] and list(s) == full  # skip applies once
+    s.set_epoch(1)
+    assert list(s) != full  # a new order every epoch
+
+
+def _weights(path):
+    model, _ = load_causal_lm(str(path))
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_finetune_saves_loadable_model_and_learns(tmp_path):
+    model, tok = tiny_model("gpt2")
+    dm = SelfImitationDataModule(ROWS, tok, batch_size=10, max_length=32)
+    coll = RightPadCollator(tok.pad_token_id)(dm.examples)
+    model.eval()
+    with torch.no_grad():
+        before = model(**coll).loss.item()
+    summary = finetune(model, tok, ROWS, tmp_path / "work", tmp_path / "model", {**CFG, "epochs": 3}, CPU, seed=0)
+    assert summary["steps"] == 15 and summary["n_train"] == 10
+    new, tok2 = load_causal_lm(str(tmp_path / "model"))
+    new.eval()
+    with torch.no_grad():
+        after = new(**coll).loss.item()
+    assert after < before - 0.5
+    assert tok2.padding_side == "left" and len(tok2) == len(tok)
+    assert not list(tmp_path.glob(".model.*"))  # the atomic save left no temporary folder
+
+
+def test_lora_merges_into_plain_model(tmp_path):
+    base, tok = tiny_model("gpt2")
+    ref = copy.deepcopy(base.state_dict())
+    cfg = {**CFG, "epochs": 1, "lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None}}
+    finetune(base, tok, ROWS, tmp_path / "work", tmp_path / "model", cfg, CPU)
+    w = _weights(tmp_path / "model")
+    assert not any("lora" in k for k in w)
+    assert not torch.allclose(w["transformer.h.0.attn.c_attn.weight"], ref["transformer.h.0.attn.c_attn.weight"])
+    assert torch.allclose(w["transformer.h.0.mlp.c_fc.weight"], ref["transformer.h.0.mlp.c_fc.weight"])  # frozen
+
+
+class Kill(Callback):
+    def __init__(self, at_step):
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.at_step:
+            raise RuntimeError("simulated kill")
+
+
+def test_killed_finetune_resumes_to_same_weights(tmp_path):
+    model, tok = tiny_model("gpt2")
+    assert not model.training  # as loaded: the module must switch dropout on, also when resuming mid-epoch
+    finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "a", tmp_path / "a_model", CFG, CPU, seed=1)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, CPU, seed=1,
+                 callbacks=[Kill(7)])
+    assert (tmp_path / "b" / "checkpoints" / "last.ckpt").exists() and not (tmp_path / "b_model").exists()
+    summary = finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, CPU, seed=1)
+    assert summary["resumed_from"] and summary["steps"] == 10
+    wa, wb = _weights(tmp_path / "a_model"), _weights(tmp_path / "b_model")
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-6), k
+
+
+def test_deepspeed_on_cpu_fails_clearly(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from i2d2.config import CONF_DIR
+
+    model, tok = tiny_model("gpt2")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer=deepspeed_stage3"])
+    with pytest.raises(RuntimeError, match="DeepSpeed.*needs a CUDA GPU"):
+        finetune(model, tok, ROWS, tmp_path / "w", tmp_path / "m", CFG, OmegaConf.to_container(cfg.trainer, resolve=True))

@@ -1,0 +1,227 @@
+"""The self-imitation loop end to end with tiny models: two iterations, stage skipping/redoing, kill-and-resume
+inside generation and inside fine-tuning, 2-process DDP generation, on-demand generation, config errors."""
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from i2d2.config import CONF_DIR, setup_run
+from i2d2.io import read_jsonl
+from i2d2.models import tiny_model
+from i2d2.recipes import generics
+from i2d2.recipes.generics import ConfigError, MissingIterationError, run
+
+TINY = [
+    "model=tiny_gpt2", "critic=tiny", "critic.max_epochs=1", "logger=none",
+    "decoding.beam_size=3", "decoding.num_return=3", "decoding.max_new_tokens=6", "decoding.batch_size=4",
+    "data.perplexity.threshold=null", "data.sources.nouns.max_concepts=2", "data.sources.related.max_concepts=1",
+    "data.sources.goals.max_concepts=1", "data.generation.shard_size=2", "task.max_prompts=6",
+    "task.filter.delta=0.0", "task.filter.require_constraints=false", "task.finetune.batch_size=4",
+    "task.finetune.lr=1e-2", "task.finetune.ckpt_every_n_steps=1", "task.report.self_bleu_sample=20",
+    "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
+]
+
+
+def make_cfg(run_dir, *extra, name="train"):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose(name, overrides=[*TINY, f"run_dir={run_dir}", *extra])
+    setup_run(cfg)
+    return cfg
+
+
+def weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+def gen_rows(run_dir, k):
+    return read_jsonl(Path(run_dir) / f"iter_{k}" / "generations" / "generations.jsonl")
+
+
+def strip(rows):
+    return [{k: v for k, v in r.items() if k != "critic_score"} for r in rows]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Forked DDP workers run single-threaded (more threads in a forked child can deadlock OpenMP); runs
+    compared with them use one thread too, since the thread count changes float summation order."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_threaded():
+    # every run in this module is compared with the baseline, so all use the DDP workers' thread count
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, _single_threaded):
+    """Iterations 0 and 1 in one command (num_iterations=2)."""
+    run_dir = tmp_path_factory.mktemp("loop") / "run"
+    return run_dir, run(make_cfg(run_dir, "num_iterations=2"))
+
+
+def test_two_iterations_chain_models_and_report(baseline):
+    run_dir, (r0, r1) = baseline
+    assert r0["generator"] == "tiny:gpt2"
+    assert r1["generator"] == str(run_dir / "iter_0" / "model")  # P_1 is iteration 0's output
+    meta1 = json.loads((run_dir / "iter_1" / "model" / "i2d2_meta.json").read_text())
+    assert meta1["trained_from"] == str(run_dir / "iter_0" / "model") and meta1["iteration"] == 1
+    w_base = tiny_model("gpt2")[0].state_dict()
+    w0, w1 = weights(run_dir / "iter_0" / "model"), weights(run_dir / "iter_1" / "model")
+    key = "transformer.h.0.attn.c_attn.weight"
+    assert not torch.allclose(w0[key], w_base[key]) and not torch.allclose(w1[key], w0[key])
+    # P_1 generated iteration 1's statements: same prompts, different model, different text
+    g0, g1 = gen_rows(run_dir, 0), gen_rows(run_dir, 1)
+    assert [r["prompt_id"] for r in g0] == [r["prompt_id"] for r in g1]
+    assert [r["generation"] for r in g0] != [r["generation"] for r in g1]
+    # the critic was trained once and reused (labels unchanged)
+    assert r0["critic_reused_from"] is None and r1["critic_reused_from"] == 0
+    for k, r in enumerate((r0, r1)):
+        it = run_dir / f"iter_{k}"
+        for part in ("prompts/prompts.jsonl", "generations/generations.jsonl", "critic/metrics.json",
+                     "filtered/kept.jsonl", "filtered/to_label.csv", "model/config.json", "config.yaml", "report.md",
+                     "report/metrics.json"):
+            assert (it / part).exists(), part
+        assert f"iteration: {k}" in (it / "config.yaml").read_text()
+        assert r["n_generations"] == 6 * 3 and 0 <= r["constraint_satisfaction_rate"] <= 1
+        assert r["accepted_rate"] == pytest.approx(
+            sum(s["critic_score"] > r["delta"] for s in read_jsonl(it / "filtered" / "scores.jsonl")) / 18)
+        assert r["n_kept"] == len(read_jsonl(it / "filtered" / "kept.jsonl")) > 0
+        assert 0 <= r["self_bleu_kept"] <= 1 and r["unique_estimate"] > 0 and 0 < r["critic_ap"] <= 1
+    md = (run_dir / "iter_1" / "report.md").read_text()
+    assert "## All iterations" in md and "| 0 | 18 |" in md and "| 1 | 18 |" in md
+    assert (run_dir / "iter_1" / "report" / "pr_curves.png").stat().st_size > 1000
+    assert len(r1["pr_aps"]) == 2  # one curve per iteration on the same plot
+
+
+def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypatch):
+    run_dir, _ = baseline
+    it = run_dir / "iter_1"
+    gen_mtime = (it / "generations" / "generations.jsonl").stat().st_mtime_ns
+    model_mtime = (it / "model" / "model.safetensors").stat().st_mtime_ns
+    import i2d2.generation
+
+    monkeypatch.setattr(i2d2.generation, "generate_stage", lambda *a, **k: pytest.fail("finished generation redone"))
+    run(make_cfg(run_dir, "iteration=1"))
+    assert (it / "model" / "model.safetensors").stat().st_mtime_ns == model_mtime
+    # a changed filter threshold redoes the filter and the fine-tuning, not the generation
+    scores = sorted(x["critic_score"] for x in read_jsonl(it / "filtered" / "scores.jsonl"))
+    delta = round(scores[len(scores) // 2] - 1e-6, 7)  # keeps about half
+    r = run(make_cfg(run_dir, "iteration=1", f"task.filter.delta={delta}"))[0]
+    assert (it / "generations" / "generations.jsonl").stat().st_mtime_ns == gen_mtime
+    assert (it / "model" / "model.safetensors").stat().st_mtime_ns != model_mtime
+    kept = read_jsonl(it / "filtered" / "kept.jsonl")
+    assert r["delta"] == delta and 0 < len(kept) < len(scores) and all(x["critic_score"] > delta for x in kept)
+
+
+def test_kill_inside_generation_and_finetune_then_resume(baseline, tmp_path, monkeypatch):
+    base_dir, _ = baseline
+    from i2d2.decoding import NeuroLogicDecoder
+    from trainers.lm_finetune import SelfImitationModule
+
+    run_dir = tmp_path / "run"
+    cfg = make_cfg(run_dir)
+    real_decode, calls = NeuroLogicDecoder.decode, []
+
+    def dying_decode(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("killed in generation")
+        return real_decode(self, *a, **k)
+
+    monkeypatch.setattr(NeuroLogicDecoder, "decode", dying_decode)
+    with pytest.raises(RuntimeError, match="killed in generation"):
+        run(cfg)
+    gdir = run_dir / "iter_0" / "generations"
+    assert (gdir / "shard-00000.jsonl").exists() and not (gdir / "generations.jsonl").exists()
+
+    real_step, steps = SelfImitationModule.training_step, []
+
+    def dying_step(self, batch, batch_idx):
+        steps.append(1)
+        if len(steps) == 3:
+            raise RuntimeError("killed in fine-tuning")
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(SelfImitationModule, "training_step", dying_step)
+    with pytest.raises(RuntimeError, match="killed in fine-tuning"):
+        run(cfg)
+    assert len(calls) == 2 + 2  # the restart decoded only the 2 unfinished shards of 3
+    assert (run_dir / "iter_0" / "finetune" / "checkpoints" / "last.ckpt").exists()
+    assert not (run_dir / "iter_0" / "model").exists()
+
+    monkeypatch.setattr(SelfImitationModule, "training_step", real_step)
+    r = run(cfg)[0]
+    assert r["finetune_steps"] == json.loads((base_dir / "iter_0" / "model" / "i2d2_meta.json").read_text())["steps"]
+    meta = json.loads((run_dir / "iter_0" / "model" / "i2d2_meta.json").read_text())
+    assert meta["resumed_from"].endswith("last.ckpt")
+    assert strip(gen_rows(run_dir, 0)) == strip(gen_rows(base_dir, 0))  # same rows as the uninterrupted run
+    wa, wb = weights(base_dir / "iter_0" / "model"), weights(run_dir / "iter_0" / "model")
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-5), k
+
+
+def test_ddp_two_processes_split_generation(baseline, tmp_path, monkeypatch):
+    base_dir, _ = baseline
+    run_dir = tmp_path / "ddp"
+    cfg = make_cfg(run_dir, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
+                   "trainer.strategy=ddp_fork")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # Lightning then leaves the workers' thread count alone
+    r = run(cfg)[0]
+    gdir = run_dir / "iter_0" / "generations"
+    ranks = {json.loads(m.read_text())["rank"] for m in gdir.glob("shard-*.meta.json")}
+    assert ranks == {0, 1}
+    rows = gen_rows(run_dir, 0)
+    keys = [(x["prompt_id"], x["rank_in_prompt"]) for x in rows]
+    assert len(keys) == len(set(keys))  # no duplicates
+    prompt_ids = [p["prompt_id"] for p in read_jsonl(run_dir / "iter_0" / "prompts" / "prompts.jsonl")]
+    assert sorted({x["prompt_id"] for x in rows}) == sorted(prompt_ids)  # no losses
+    assert strip(rows) == strip(gen_rows(base_dir, 0))  # identical to the single-process run
+    assert (run_dir / "iter_0" / "model" / "config.json").exists() and r["finetune_steps"] >= 1
+
+
+def test_generate_command_prints_scored_generics(baseline, capsys):
+    from i2d2.generate import GenerateError, generate
+
+    run_dir, _ = baseline
+    cfg = make_cfg(run_dir, "generate.concepts=[violin,board games]", "generate.iteration=1", "generate.top_k=2",
+                   name="generate")
+    rows = generate(cfg)
+    out = capsys.readouterr().out
+    assert f"# model: {run_dir / 'iter_1' / 'model'}" in out and "== violin ==" in out and "== board games ==" in out
+    assert {r["concept"] for r in rows} == {"violin", "board games"}
+    assert all(0 <= r["critic_score"] <= 1 for r in rows)
+    with pytest.raises(GenerateError, match="generate.iteration=7"):
+        generate(make_cfg(run_dir, "generate.concepts=[violin]", "generate.iteration=7", name="generate"))
+    with pytest.raises(GenerateError, match="generate.concepts"):
+        generate(make_cfg(run_dir, "generate.concepts=['a\tb']", name="generate"))
+
+
+def test_missing_previous_iteration_and_bad_config(tmp_path):
+    with pytest.raises(MissingIterationError, match=r"iter_1/model.*iteration=1"):
+        run(make_cfg(tmp_path / "empty", "iteration=2"))
+    bad = {
+        "task.finetune.lr=-1": "task.finetune.lr",
+        "task.critic.refresh=sometimes": "task.critic.refresh",
+        "task.filter.delta=1.5": "task.filter.delta",
+        "+task.max_promts=3": "unknown key",
+        "decoding.num_return=9": "decoding.num_return",
+        "iteration=-1": "iteration",
+        "trainer=deepspeed_stage2": "DeepSpeed.*needs a CUDA GPU",
+    }
+    for override, msg in bad.items():
+        with pytest.raises(ConfigError, match=msg):
+            generics.check_config(make_cfg(tmp_path / "x", override))

@@ -1,0 +1,58 @@
+"""Loop helpers without models: mark-and-recapture, human-label evaluation, truncation, prompt sampling."""
+
+import numpy as np
+import pytest
+
+from i2d2.recipes.generics import ConfigError, sample_prompts, truncate
+from i2d2.report import human_eval, mark_recapture, render_markdown
+
+
+def test_mark_recapture_estimates_unique_population():
+    rows = [{"statement": f"Concept {i % 10} has property number {i}.", "concept": f"c{i % 10}"} for i in range(400)]
+    est = mark_recapture(rows, fraction=0.3, seed=0)
+    assert est["n_first"] == est["n_second"] == 120
+    assert 250 < est["population"] < 700  # 400 distinct statements
+    # 400 rows that are 20 statements repeated: the estimate collapses towards 20
+    dup = [{"statement": f"Statement {i % 20} about a thing.", "concept": f"c{i % 20}"} for i in range(400)]
+    assert mark_recapture(dup, seed=0)["population"] == pytest.approx(20, abs=2)
+    # near-duplicates (BLEU > 0.85 against the same concept's first capture) count as recaptures
+    near = [{"statement": f"Dogs are very loyal and friendly animals that love people number {i % 5}"
+             + ("!" if i % 2 else "."), "concept": "dog"} for i in range(200)]
+    assert mark_recapture(near, seed=1)["population"] < 15
+
+
+def test_human_eval_uses_labels_of_this_iterations_generations():
+    rows = [{"statement": "Dogs bark.", "critic_score": 0.9}, {"statement": "Cats bark.", "critic_score": 0.7},
+            {"statement": "Unlabelled one.", "critic_score": 0.1}]
+    out = human_eval(rows, {"dogs bark.": 1, "cats bark.": 0}, delta=0.8)
+    assert out["n_labelled"] == 2 and out["human_accuracy"] == 0.5 and out["human_precision_at_delta"] == 1.0
+    assert human_eval(rows, {"other": 1}, 0.5) is None
+
+
+def test_truncate_keeps_one_statement():
+    assert truncate("fun to play. They are old.") == "fun to play."
+    assert truncate("a nice view.\nWe had fun") == "a nice view."
+    assert truncate("made of wood, e.g oak", "sentence") == "made of wood, e.g oak"
+    assert truncate("line one\nline two", "newline") == "line one"
+    assert truncate(" as is. Two.", "none") == " as is. Two."
+    with pytest.raises(ConfigError, match="task.filter.truncate"):
+        truncate("x", "words")
+
+
+def test_sample_prompts_spreads_over_concepts():
+    pool = [{"prompt_id": f"a{i}", "concept": "hotel"} for i in range(30)] + \
+           [{"prompt_id": f"b{i}", "concept": c} for i, c in enumerate(["dog", "cat", "tree", "car"])]
+    got = sample_prompts(pool, 8, np.random.default_rng(0))
+    assert len(got) == 8 and {p["concept"] for p in got} == {"hotel", "dog", "cat", "tree", "car"}
+    assert [pool.index(p) for p in got] == sorted(pool.index(p) for p in got)  # pool order kept
+    assert sample_prompts(pool, None, np.random.default_rng(0)) == pool
+
+
+def test_markdown_report_lists_iterations_and_samples():
+    m = dict(iteration=1, generator="runs/x/iter_0/model", next_model="runs/x/iter_1/model", n_prompts=4,
+             n_generations=20, constraint_satisfaction_rate=0.5, critic_model="c", critic_reused_from=0, critic_ap=0.9,
+             delta=0.5, accepted_rate=0.25, kept_fraction=0.2, n_kept=4)
+    sample = {"Top kept generations": [{"critic_score": 0.9, "all_satisfied": True, "statement": "Dogs | bark."}]}
+    md = render_markdown(m, sample, [dict(m, iteration=0, accepted_rate=0.1), m], "report/pr_curves.png")
+    assert "reused from iteration 0" in md and "| 0.250 |" in md and "Dogs \\| bark." in md
+    assert "## All iterations" in md and "![PR curves](report/pr_curves.png)" in md

@@ -1,0 +1,469 @@
+"""Self-imitation fine-tuning of the generator (I2D2 Algorithm 1, line 8).
+
+P_{k+1} = argmax_θ E log P(y | x) over the critic-kept generations y of prompt x: the standard conditional
+LM objective, so the loss covers only the continuation tokens (and the EOS that ends the statement), never
+the prompt. Full fine-tuning or LoRA (peft) by config; any Lightning trainer (cpu, gpu, ddp, DeepSpeed ZeRO-2/3).
+
+Resume: checkpoints go to ``<work_dir>/checkpoints`` (``last.ckpt`` every ``ckpt_every_n_steps`` optimizer
+steps). The batch order is a pure function of (seed, epoch, rank), the data loader is *stateful* (Lightning
+saves/restores how many batches of the epoch were consumed) and the RNG state travels in the checkpoint, so a
+killed fine-tuning restarted with the same inputs continues from the last checkpoint and ends with the same
+weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+
+
+# ----------------------------------------------------------------------------- data
+
+def join_statement(prompt: str, continuation: str) -> str:
+    """The full statement a prompt + continuation make (one space between, none if the prompt ends in one)."""
+    prompt, continuation = prompt or "", (continuation or "").strip()
+    if not prompt:
+        return continuation
+    if not continuation:
+        return prompt
+    return prompt + continuation if prompt[-1].isspace() else f"{prompt} {continuation}"
+
+
+def encode_example(tokenizer, prompt: str, continuation: str, max_length: int) -> dict:
+    """Token ids of prompt + continuation + EOS with labels masked (-100) on the prompt.
+
+    The prompt is encoded with the tokenizer's special tokens (e.g. Gemma's <bos>), the continuation
+    without, after the separating space, exactly as the decoder sees them at generation time.
+    Over-long examples are cut from the right (the continuation keeps at least one token).
+    """
+    p_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"] if prompt else []
+    if prompt and tokenizer.bos_token_id is not None and (not p_ids or p_ids[0] != tokenizer.bos_token_id) \
+            and getattr(tokenizer, "add_bos_token", False):
+        p_ids = [tokenizer.bos_token_id] + p_ids
+    sep = "" if (not prompt or prompt[-1].isspace()) else " "
+    c_ids = tokenizer(sep + continuation.strip(), add_special_tokens=False)["input_ids"]
+    if tokenizer.eos_token_id is not None:
+        c_ids = c_ids + [tokenizer.eos_token_id]
+    if not c_ids:
+        raise ValueError(f"empty continuation for prompt {prompt!r}")
+    p_ids = p_ids[: max(0, max_length - 1)]
+    c_ids = c_ids[: max(1, max_length - len(p_ids))]
+    return {"input_ids": p_ids + c_ids, "labels": [IGNORE] * len(p_ids) + c_ids}
+
+
+class LMExamples(Dataset):
+    def __init__(self, examples: list[dict]):
+        self.examples = examples
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+
+class RightPadCollator:
+    """Right-pads input ids (pad id), labels (-100) and builds the attention mask."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad = int(pad_token_id)
+
+    def __call__(self, batch: list[dict]) -> dict:
+        n = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), n), self.pad, dtype=torch.long)
+        labels = torch.full((len(batch), n), IGNORE, dtype=torch.long)
+        att = torch.zeros((len(batch), n), dtype=torch.long)
+        for i, b in enumerate(batch):
+            m = len(b["input_ids"])
+            ids[i, :m] = torch.tensor(b["input_ids"])
+            labels[i, :m] = torch.tensor(b["labels"])
+            att[i, :m] = 1
+        return {"input_ids": ids, "attention_mask": att, "labels": labels}
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    """Batches of indices in an order fixed by (seed, epoch), sharded by rank, that can skip consumed batches.
+
+    Every rank gets the same number of batches (indices are wrapped round to a multiple of the world size,
+    like DistributedSampler), so DDP ranks never wait on each other at the end of an epoch.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+        if n <= 0:
+            raise ValueError("nothing to fine-tune on: the kept set is empty")
+        self.n, self.batch_size, self.seed, self.shuffle = n, int(batch_size), int(seed), shuffle
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.epoch = 0
+        self._skip: tuple[int, int] | None = None  # (epoch, batches to skip in that epoch)
+        self.sampler = self  # Lightning calls ``loader.batch_sampler.sampler.set_epoch(epoch)`` every epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def skip(self, epoch: int, batches: int) -> None:
+        self._skip = (int(epoch), int(batches))
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        per_rank = math.ceil(self.n / self.world_size)
+        order = (order * (1 + per_rank * self.world_size // max(self.n, 1)))[: per_rank * self.world_size]
+        return order[self.rank::self.world_size]
+
+    def __len__(self) -> int:
+        return math.ceil(math.ceil(self.n / self.world_size) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = self._indices()
+        batches = [idx[i:i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
+        start = 0
+        if self._skip is not None and self._skip[0] == self.epoch:  # kept until the resumed epoch comes round
+            start = min(self._skip[1], len(batches))
+            self._skip = None
+            log.info("resuming epoch %d after %d finished batches", self.epoch, start)
+        yield from batches[start:]
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader Lightning treats as stateful: the checkpoint records the epoch and batches consumed."""
+
+    def __init__(self, *args, progress: "_Progress", **kwargs):
+        super().__init__(*args, **kwargs)
+        self._progress = progress
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._progress.epoch, "batches": self._progress.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.skip(state["epoch"], state["batches"])
+        self._progress.epoch, self._progress.batches = state["epoch"], state["batches"]
+
+
+class _Progress:
+    """Batches whose training step ran in the current epoch (counted by the module, read at checkpoint time)."""
+
+    def __init__(self):
+        self.epoch, self.batches = 0, 0
+
+
+class SelfImitationDataModule(L.LightningDataModule):
+    """Kept (prompt, generation) rows -> prompt-masked causal-LM batches."""
+
+    def __init__(self, rows: Sequence[Mapping], tokenizer, batch_size: int = 8, max_length: int = 64,
+                 seed: int = 0, shuffle: bool = True):
+        super().__init__()
+        self.tokenizer, self.batch_size, self.max_length = tokenizer, int(batch_size), int(max_length)
+        self.seed, self.shuffle = int(seed), shuffle
+        self.examples = [encode_example(tokenizer, str(r.get("prompt", "")), str(r["generation"]), self.max_length)
+                         for r in rows]
+        if not self.examples:
+            raise ValueError("nothing to fine-tune on: the kept set is empty")
+        self.progress = _Progress()
+
+    def train_dataloader(self):
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world = self.trainer.world_size if self.trainer is not None else 1
+        sampler = ResumableBatchSampler(len(self.examples), self.batch_size, self.seed, self.shuffle, rank, world)
+        return ResumableLoader(LMExamples(self.examples), batch_sampler=sampler,
+                               collate_fn=RightPadCollator(self.tokenizer.pad_token_id), num_workers=0,
+                               generator=torch.Generator().manual_seed(self.seed), progress=self.progress)
+
+
+# ----------------------------------------------------------------------------- module
+
+class SelfImitationModule(L.LightningModule):
+    """Causal-LM loss on the continuation of each kept generation; full fine-tuning or LoRA."""
+
+    def __init__(self, model, lr: float = 5e-5, weight_decay: float = 0.0, warmup_ratio: float = 0.0,
+                 lora: Mapping | None = None, gradient_checkpointing: bool = False, total_steps: int | None = None,
+                 progress: _Progress | None = None):
+        super().__init__()
+        self.save_hyperparameters(ignore=["model", "progress"])
+        lora = dict(lora or {})
+        self.lora_enabled = bool(lora.get("enabled", False))
+        if gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        if self.lora_enabled:
+            model = apply_lora(model, lora)
+        self.model = model
+        self.progress = progress or _Progress()
+
+    def forward(self, **batch):
+        return self.model(**batch)
+
+    def on_train_start(self):
+        # HF models load in eval mode and Lightning keeps a module's mode as it finds it; on_train_epoch_start
+        # is not called when a run resumes mid-epoch, so set train mode here too (dropout as in the first run).
+        self.model.train()
+
+    def on_train_epoch_start(self):
+        self.model.train()
+        if self.progress.epoch != self.current_epoch:
+            self.progress.epoch, self.progress.batches = self.current_epoch, 0
+
+    def training_step(self, batch, batch_idx):
+        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        self.progress.batches += 1
+        # optimizer steps so far, as a metric: forked DDP ranks hand metrics (not the step count) back to the main process
+        self.log("finetune/step", float(self.global_step + 1), on_step=True, on_epoch=False, reduce_fx="max", batch_size=1)
+        n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
+        self.log("finetune/loss", out.loss, prog_bar=True, on_step=True, on_epoch=True,
+                 batch_size=batch["input_ids"].shape[0], sync_dist=False)
+        self.log("finetune/tokens", n_tok.float(), on_step=True, reduce_fx="sum", batch_size=1)
+        return out.loss
+
+    def configure_optimizers(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        decay = [p for p in params if p.ndim >= 2]
+        no_decay = [p for p in params if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
+        # Not trainer.estimated_stepping_batches: it builds the train loader before the checkpoint is restored,
+        # and Lightning then skips restoring the loader's position.
+        total = max(1, int(self.hparams.total_steps or 1))
+        warmup = int(round(self.hparams.warmup_ratio * total))
+        from transformers import get_linear_schedule_with_warmup
+
+        sched = get_linear_schedule_with_warmup(opt, warmup, total)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # RNG state travels with the checkpoint so that dropout after a resume matches an uninterrupted run.
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["i2d2_rng"] = {"torch": torch.get_rng_state(),
+                                  "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        rng = checkpoint.get("i2d2_rng")
+        if rng:
+            torch.set_rng_state(rng["torch"])
+            if rng.get("cuda") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def export_model(self):
+        """The plain transformers model to save (LoRA adapters merged into the base weights)."""
+        if self.lora_enabled:
+            return self.model.merge_and_unload()
+        return self.model
+
+
+def apply_lora(model, lora: Mapping):
+    from peft import LoraConfig, get_peft_model
+
+    target = lora.get("target_modules")
+    if target is not None and not isinstance(target, str):
+        target = list(target)
+    try:
+        cfg = LoraConfig(task_type="CAUSAL_LM", r=int(lora.get("r", 8)), lora_alpha=int(lora.get("alpha", 16)),
+                         lora_dropout=float(lora.get("dropout", 0.05)), target_modules=target,
+                         bias=str(lora.get("bias", "none")))
+        return get_peft_model(model, cfg)
+    except ValueError as e:
+        raise ValueError(f"task.finetune.lora: cannot apply LoRA to {type(model).__name__}: {e}. "
+                         "Set task.finetune.lora.target_modules (e.g. [q_proj,v_proj] or all-linear).") from None
+
+
+# ----------------------------------------------------------------------------- driver
+
+def strategy_name(trainer_cfg: Mapping) -> str:
+    s = trainer_cfg.get("strategy", "auto")
+    if isinstance(s, Mapping):
+        return str(s.get("_target_", "")).rsplit(".", 1)[-1]
+    return str(s)
+
+
+def is_deepspeed(trainer_cfg: Mapping) -> bool:
+    return "deepspeed" in strategy_name(trainer_cfg).lower()
+
+
+def check_trainer_cfg(trainer_cfg: Mapping, where: str = "trainer") -> None:
+    """Fail early, naming the field, for trainer settings this machine cannot run."""
+    accel = str(trainer_cfg.get("accelerator", "auto"))
+    if is_deepspeed(trainer_cfg) and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{where}.strategy is DeepSpeed ({strategy_name(trainer_cfg)}), which needs a CUDA GPU, and none is "
+            "available here. Use trainer=cpu (or trainer=ddp for several CPU processes), or run on a GPU machine.")
+    if accel in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"{where}.accelerator={accel} but no CUDA GPU is available; use trainer=cpu or trainer=ddp.")
+
+
+def resolve_precision(trainer_cfg: Mapping) -> str:
+    """bf16 where the hardware has it: bf16 requested on a GPU without bf16 falls back to fp16 mixed."""
+    p = str(trainer_cfg.get("precision", "32-true"))
+    if "bf16" in p and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        log.warning("precision %s requested but this GPU has no bf16; using 16-mixed", p)
+        return "16-mixed"
+    return p
+
+
+def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, model_out: str | Path,
+             cfg: Mapping, trainer_cfg: Mapping, logger=None, callbacks: Sequence = (), seed: int = 0,
+             meta: Mapping | None = None) -> dict:
+    """Fine-tune ``model`` on kept rows (prompt, generation) and save it to ``model_out`` (save_pretrained).
+
+    ``cfg``: lr, epochs, max_steps, batch_size, accumulate_grad_batches, max_length, weight_decay,
+    warmup_ratio, ckpt_every_n_steps, gradient_checkpointing, keep_checkpoints,
+    lora{enabled, r, alpha, dropout, target_modules}.
+    Resumes from ``work_dir/checkpoints/last.ckpt`` when present; the checkpoints are removed once the model is
+    saved unless ``keep_checkpoints``. Returns a summary dict.
+    """
+    import hydra
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from omegaconf import OmegaConf
+
+    work_dir, model_out = Path(work_dir), Path(model_out)
+    tc = OmegaConf.to_container(trainer_cfg, resolve=True) if not isinstance(trainer_cfg, dict) else dict(trainer_cfg)
+    check_trainer_cfg(tc)
+    dm = SelfImitationDataModule(rows, tokenizer, batch_size=int(cfg.get("batch_size", 8)),
+                                 max_length=int(cfg.get("max_length", 64)), seed=seed)
+    module = SelfImitationModule(model, lr=float(cfg.get("lr", 5e-5)), weight_decay=float(cfg.get("weight_decay", 0.0)),
+                                 warmup_ratio=float(cfg.get("warmup_ratio", 0.0)), lora=cfg.get("lora"),
+                                 gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)),
+                                 total_steps=_total_steps(len(dm.examples), dm.batch_size, tc, cfg),
+                                 progress=dm.progress)
+    ckpt_dir = work_dir / "checkpoints"
+    ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=0,
+                           every_n_train_steps=max(1, int(cfg.get("ckpt_every_n_steps", 50))),
+                           save_on_train_epoch_end=True, auto_insert_metric_name=False)
+    overrides = dict(max_epochs=int(cfg.get("epochs", 1)), max_steps=int(cfg.get("max_steps", -1)),
+                     accumulate_grad_batches=int(cfg.get("accumulate_grad_batches", tc.get("accumulate_grad_batches", 1))),
+                     precision=resolve_precision(tc), default_root_dir=str(work_dir),
+                     use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
+                     enable_model_summary=False)
+    if is_deepspeed(tc):
+        tc["strategy"] = _deepspeed_strategy_cfg(tc["strategy"], int(cfg.get("batch_size", 8)))
+        tc.pop("gradient_clip_val", None)  # clipping lives in the DeepSpeed JSON
+    for k in ("max_epochs", "accumulate_grad_batches", "precision"):
+        tc.pop(k, None)
+    torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
+    trainer = hydra.utils.instantiate(tc, logger=logger if logger is not None else False,
+                                      callbacks=[*callbacks, ckpt], **overrides)
+    last = ckpt_dir / "last.ckpt"
+    resume = str(last) if last.exists() else None
+    if resume:
+        log.info("fine-tuning: resuming from %s", resume)
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    steps = max(int(trainer.global_step), int(float(trainer.callback_metrics.get("finetune/step", 0))))
+    summary = {"n_train": len(dm.examples), "steps": steps, "epochs": int(trainer.current_epoch),
+               "resumed_from": resume, "lora": module.lora_enabled,
+               "train_loss": float(trainer.callback_metrics.get("finetune/loss_epoch", float("nan")))}
+    if is_deepspeed(tc) and _zero_stage(trainer) == 3:
+        exported = _consolidate_zero3(trainer, module, work_dir)
+    else:
+        exported = None
+    if trainer.is_global_zero:
+        save_model(exported if exported is not None else module.export_model(), tokenizer, model_out,
+                   meta={**(meta or {}), **summary})
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    if trainer.is_global_zero and not cfg.get("keep_checkpoints", False):
+        # model_out holds the result; full-model checkpoints with optimizer state are ~4x the model's size
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        for extra in ("zero3_final.ckpt", "zero3_final_fp32.pt"):
+            p = work_dir / extra
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    return summary
+
+
+def world_size_of(trainer_cfg: Mapping) -> int:
+    devices = trainer_cfg.get("devices", 1)
+    if isinstance(devices, int):
+        n = devices
+    elif isinstance(devices, (list, tuple)):
+        n = len(devices)
+    elif str(devices).isdigit():
+        n = int(devices)
+    elif str(devices) in ("auto", "-1"):
+        n = max(1, torch.cuda.device_count()) if str(trainer_cfg.get("accelerator")) in ("gpu", "cuda", "auto") else 1
+    else:
+        n = len(str(devices).split(","))
+    return max(1, n) * int(trainer_cfg.get("num_nodes", 1) or 1)
+
+
+def _total_steps(n: int, batch_size: int, trainer_cfg: Mapping, cfg: Mapping) -> int:
+    per_rank = math.ceil(math.ceil(n / world_size_of(trainer_cfg)) / batch_size)
+    accum = int(cfg.get("accumulate_grad_batches", trainer_cfg.get("accumulate_grad_batches", 1)))
+    total = math.ceil(per_rank / accum) * int(cfg.get("epochs", 1))
+    max_steps = int(cfg.get("max_steps", -1))
+    return min(total, max_steps) if max_steps > 0 else total
+
+
+def _deepspeed_strategy_cfg(strategy: Mapping, micro_batch: int) -> dict:
+    """The DeepSpeed JSON named by the trainer config, with "auto" micro-batch filled from task.finetune."""
+    strategy = dict(strategy)
+    conf = strategy.get("config")
+    if isinstance(conf, (str, os.PathLike)):
+        path = Path(conf)
+        if not path.exists():
+            raise FileNotFoundError(f"trainer.strategy.config: DeepSpeed config {path} not found")
+        conf = json.loads(path.read_text())
+    conf = dict(conf or {})
+    if conf.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        conf["train_micro_batch_size_per_gpu"] = micro_batch
+    strategy["config"] = conf
+    return strategy
+
+
+def _zero_stage(trainer) -> int:
+    cfg = getattr(trainer.strategy, "config", None) or {}
+    return int(cfg.get("zero_optimization", {}).get("stage", 0))
+
+
+def _consolidate_zero3(trainer, module, work_dir: Path):
+    """ZeRO-3 shards parameters over ranks: write a sharded checkpoint and gather it into full fp32 weights."""
+    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+    shard_dir = work_dir / "zero3_final.ckpt"
+    trainer.save_checkpoint(shard_dir)
+    if not trainer.is_global_zero:
+        return None
+    fp32 = work_dir / "zero3_final_fp32.pt"
+    convert_zero_checkpoint_to_fp32_state_dict(str(shard_dir), str(fp32))
+    state = torch.load(fp32, map_location="cpu", weights_only=False)["state_dict"]
+    module.load_state_dict(state, strict=False)
+    return module.export_model()
+
+
+def save_model(model, tokenizer, path: str | Path, meta: Mapping | None = None) -> Path:
+    """``save_pretrained`` into a temporary sibling folder, then swap it in: a kill never leaves half a model."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "i2d2_meta.json").write_text(json.dumps(dict(meta or {}), indent=2, default=str) + "\n")
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def read_model_meta(path: str | Path) -> dict[str, Any]:
+    p = Path(path) / "i2d2_meta.json"
+    return json.loads(p.read_text()) if p.exists() else {}
