@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from i2d2.io import DataError, read_csv
+from i2d2.io import DataError, iter_jsonl, read_csv
 
 log = logging.getLogger(__name__)
 
@@ -126,23 +126,15 @@ def _read_rows(path: Path, on_error: str, errors: list) -> list[tuple[int, dict]
     if path.suffix.lower() == ".csv":
         rows = read_csv(path, required=("statement", "concept"))
         return [(r.pop("_line"), r) for r in rows]
-    # JSONL: read_jsonl validates JSON; we keep line numbers by reading each line here
     out = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError("expected a JSON object")
-            except ValueError as e:
-                msg = f"{path}:{lineno}: broken row ({e})"
-                if on_error == "raise":
-                    raise DataError(msg) from None
-                errors.append(msg)
-                continue
-            out.append((lineno, row))
+    for lineno, row, problem in iter_jsonl(path):
+        if problem is not None:
+            msg = f"{path}:{lineno}: broken row ({problem})"
+            if on_error == "raise":
+                raise DataError(msg)
+            errors.append(msg)
+            continue
+        out.append((lineno, row))
     return out
 
 

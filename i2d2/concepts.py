@@ -18,14 +18,13 @@ and its message appended to ``errors`` (``on_error='skip'``).
 from __future__ import annotations
 
 import csv
-import json
 import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from i2d2.io import DataError
+from i2d2.io import DataError, iter_jsonl
 
 KINDS = ("noun", "goal")
 FORMATS = ("lines", "jsonl", "genericskb", "conceptnet")
@@ -96,33 +95,29 @@ def load_jsonl(path, kind: str = "noun", on_error: str = "skip", errors: list | 
     path = Path(path)
     report = _Reporter(path, on_error, errors)
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError("expected a JSON object")
-                if "concept" not in row:
-                    raise ValueError("missing field 'concept'")
-                text = validate_concept(row["concept"], max_words)
-                k = row.get("kind", kind)
-                if k not in KINDS:
-                    raise ValueError(f"field 'kind' must be one of {KINDS}, got {k!r}")
-                related = row.get("related", [])
-                if isinstance(related, str):
-                    related = [related]
-                if not isinstance(related, list):
-                    raise ValueError("field 'related' must be a list of strings")
-                related = [validate_concept(r, max_words) for r in related]
-                plural = row.get("plural")
-                if plural is not None and not isinstance(plural, bool):
-                    raise ValueError("field 'plural' must be true or false")
-            except ValueError as e:  # json.JSONDecodeError is a ValueError
-                report(lineno, str(e))
-                continue
-            out.append(Concept(text, k, related=_dedupe(related), source=f"{path.name}:{lineno}", plural=plural))
+    for lineno, row, problem in iter_jsonl(path):
+        try:
+            if problem is not None:
+                raise ValueError(problem)
+            if "concept" not in row:
+                raise ValueError("missing field 'concept'")
+            text = validate_concept(row["concept"], max_words)
+            k = row.get("kind", kind)
+            if k not in KINDS:
+                raise ValueError(f"field 'kind' must be one of {KINDS}, got {k!r}")
+            related = row.get("related", [])
+            if isinstance(related, str):
+                related = [related]
+            if not isinstance(related, list):
+                raise ValueError("field 'related' must be a list of strings")
+            related = [validate_concept(r, max_words) for r in related]
+            plural = row.get("plural")
+            if plural is not None and not isinstance(plural, bool):
+                raise ValueError("field 'plural' must be true or false")
+        except ValueError as e:
+            report(lineno, str(e))
+            continue
+        out.append(Concept(text, k, related=_dedupe(related), source=f"{path.name}:{lineno}", plural=plural))
     return out
 
 

@@ -67,6 +67,20 @@ def _json_default(o):
     return str(o)
 
 
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str | None]]:
+    """``(line number, object, None)`` for each good line, ``(line number, None, problem)`` for a bad one."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                yield lineno, None, str(e)
+                continue
+            yield (lineno, row, None) if isinstance(row, dict) else (lineno, None, "expected a JSON object")
+
+
 def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: str = "raise",
                errors: list | None = None) -> list[dict]:
     """Read JSON lines; a broken line or a missing required field raises DataError naming file:line.
@@ -75,25 +89,18 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: 
     """
     path = Path(path)
     rows = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError("expected a JSON object")
-                missing = [k for k in required if k not in row or row[k] in (None, "")]
-                if missing:
-                    raise ValueError(f"missing field(s) {', '.join(missing)}")
-            except ValueError as e:
-                msg = f"{path}:{lineno}: {e}"
-                if on_error == "raise":
-                    raise DataError(msg) from None
-                if errors is not None:
-                    errors.append(msg)
-                continue
-            rows.append(row)
+    for lineno, row, problem in iter_jsonl(path):
+        if problem is None:
+            missing = [k for k in required if k not in row or row[k] in (None, "")]
+            problem = f"missing field(s) {', '.join(missing)}" if missing else None
+        if problem is not None:
+            msg = f"{path}:{lineno}: {problem}"
+            if on_error == "raise":
+                raise DataError(msg)
+            if errors is not None:
+                errors.append(msg)
+            continue
+        rows.append(row)
     return rows
 
 
