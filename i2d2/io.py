@@ -12,14 +12,10 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
-
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 class DataError(ValueError):
@@ -31,11 +27,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    # A unique name created with open(): unlike mkstemp, the file gets the user's umask permissions.
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    open(tmp, "x").close()
     try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes owner-only files; give the usual permissions
+        yield tmp
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -65,6 +61,15 @@ def _json_default(o):
     if hasattr(o, "tolist"):
         return o.tolist()
     return str(o)
+
+
+def read_json(path: str | os.PathLike):
+    """Parse a JSON file; a syntax error raises DataError naming file:line."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str | None]]:

@@ -16,11 +16,10 @@ Formats (the released files, so users can point the config at their own copies):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from i2d2.io import DataError, read_jsonl
+from i2d2.io import DataError, read_json, read_jsonl
 
 FORMATS = ("hotpotqa", "2wiki", "cocotrip", "diffen")
 COMPARISON_TYPES = {"hotpotqa": ("comparison",), "2wiki": ("comparison", "bridge_comparison")}
@@ -37,10 +36,7 @@ class DownstreamExample:
 
 
 def _json_list(path: Path) -> list:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    data = read_json(path)
     if not isinstance(data, list):
         raise DataError(f"{path}:1: expected a JSON list of examples")
     return data

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import csv
 import functools
-import json
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from i2d2.io import DataError
+from i2d2.io import DataError, read_json
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "classes.json"
 
@@ -73,10 +72,7 @@ def _finish(classes: dict[str, list[Entity]], min_entities: int) -> dict[str, li
 
 
 def load_classes_json(path: Path, min_entities: int = 2) -> dict[str, list[Entity]]:
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise DataError(f"{path}: expected an object mapping class names to entity lists")
     classes = {}
