@@ -29,12 +29,17 @@ from i2d2.io import DataError, iter_jsonl, read_csv
 
 log = logging.getLogger(__name__)
 
+# optional fields of a labelled generation, passed through (the surface floor and the prompt-form yield use them)
+PROVENANCE = ("kind", "form", "relation", "related", "iteration", "split")
+
 ANNOTATION_DIR = Path(__file__).resolve().parent.parent / "i2d2" / "data" / "annotations"
 
 # Both papers' schemes plus plain binary labels. 1 = valid, 0 = invalid, None = dropped from training.
 DEFAULT_LABEL_MAP: dict[str, int | None] = {
     # I2D2 (4-way): (generally) true / (generally) false / don't know / garbled ("Huh???")
     "true": 1, "false": 0, "dont_know": None, "garbled": 0, "huh": 0,
+    # the finer kinds of "Huh???" in i2d2/data/annotations/GUIDE.md
+    "episodic": 0, "ad_copy": 0,
     # NeuroComparatives (6-way): 'Too unfamiliar to judge' is discarded, everything but 'True' is invalid
     "too_subjective_to_judge": 0, "too_vague_to_judge": 0, "too_unfamiliar_to_judge": None, "invalid": 0,
     # binary / crowd-platform spellings
@@ -60,6 +65,18 @@ def normalize_label(raw) -> str:
     if s.startswith("generally_"):
         s = ALIASES.get(s, s[len("generally_"):])
     return s
+
+
+HEDGES = ("generally", "typically", "usually", "in general", "normally", "often")
+_HEDGE = re.compile(r"^\s*(?:" + "|".join(HEDGES) + r")\s*,\s*", re.IGNORECASE)
+
+
+def canonical_statement(text: str) -> str:
+    """The statement without a leading hedge adverb ("Generally, birds can fly." -> "Birds can fly."): the guide
+    judges both alike, so the critic sees neither (``critic.canonicalize``) and cannot learn the adverb as a cue."""
+    text = str(text)
+    stripped = _HEDGE.sub("", text, count=1)
+    return stripped[:1].upper() + stripped[1:] if stripped != text else text
 
 
 def normalize_statement(text: str) -> str:
@@ -207,13 +224,28 @@ def load_annotations(paths: Iterable[str | Path], label_map: Mapping | None = No
                 report.duplicates += 1
                 del by_key[key]  # re-insert so order follows the newest annotation
             by_key[key] = {"statement": statement, "concept": concept, "label": label, "y": int(y),
-                           "prompt": row.get("prompt") or "", "votes": votes, "source": where}
+                           "prompt": row.get("prompt") or "", "votes": votes, "source": where,
+                           **{k: row.get(k) for k in PROVENANCE if row.get(k) is not None}}
     rows = list(by_key.values())
     if report.errors:
         log.warning("annotations: skipped %d bad rows, first: %s", len(report.errors), report.errors[0])
     log.info("annotations: %d rows (%d valid) from %s; %s", len(rows), sum(r["y"] for r in rows),
              ", ".join(str(p) for p in paths), report.summary())
     return rows
+
+
+def grouped_split3(concepts: Sequence[str], labels: Sequence[int], dev_fraction: float = 0.15,
+                   test_fraction: float = 0.2, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Train / dev / test indices with every concept on one side only.
+
+    Test is split off first (``test_fraction`` of the concepts), then dev from the rest, each with
+    ``grouped_split``; dev chooses the checkpoint and δ, test gives every reported number.
+    """
+    concepts = list(concepts)
+    y = np.asarray(labels)
+    rest, test = grouped_split(concepts, y, test_fraction, seed)
+    tr, dev = grouped_split([concepts[i] for i in rest], y[rest], dev_fraction / max(1e-9, 1.0 - test_fraction), seed + 1)
+    return rest[tr], rest[dev], test
 
 
 def grouped_split(concepts: Sequence[str], labels: Sequence[int], val_fraction: float = 0.2, seed: int = 0,

@@ -18,15 +18,17 @@ def average_precision(y, scores) -> float:
     return float(average_precision_score(y, np.asarray(scores, dtype=float)))
 
 
-def precision_recall_at(y, scores, delta: float) -> tuple[float, float, int]:
-    """Precision, recall and number kept of the rule ``score > delta`` (the filter's rule)."""
+def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float, int]:
+    """Precision, recall and number kept of the rule ``score > delta`` (the filter's rule).
+
+    Precision of an empty kept set is undefined: None, never 1.0."""
     y = np.asarray(y).astype(bool)
     keep = np.asarray(scores, dtype=float) > delta
     n_keep = int(keep.sum())
     tp = int((keep & y).sum())
-    precision = tp / n_keep if n_keep else 1.0
+    precision = float(tp / n_keep) if n_keep else None
     recall = tp / int(y.sum()) if y.any() else 0.0
-    return float(precision), float(recall), n_keep
+    return precision, float(recall), n_keep
 
 
 def _cuts(y, scores):

@@ -16,20 +16,51 @@ from critics.critic import VALID
 
 @functools.lru_cache(maxsize=2)
 def _load(model_dir: str, mtime: float):
+    import json
+
+    meta_path = Path(model_dir) / "critic_meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if meta.get("kind") == "probe":
+        from critics.probe import ProbeCritic
+
+        return ProbeCritic(model_dir, meta)
     from i2d2.models import load_classifier
 
     model, tok = load_classifier(model_dir, num_labels=2)
+    model.i2d2_critic_meta = meta
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.to(device).eval(), tok
 
 
+def critic_meta(critic) -> dict:
+    """The ``critic_meta.json`` of a loaded critic ({} for a bare classifier folder)."""
+    if hasattr(critic, "meta"):
+        return critic.meta
+    return getattr(critic[0], "i2d2_critic_meta", {})
+
+
 def load_critic(model_dir: str | os.PathLike):
-    """``(model, tokenizer)`` of a critic directory written by ``train_critic`` (cached per directory)."""
+    """A critic directory written by ``train_critic`` (cached per directory): ``(model, tokenizer)`` for a
+    fine-tuned classifier, a ``critics.probe.ProbeCritic`` for ``kind: probe``."""
     path = Path(model_dir)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} is not a critic model directory (no config.json); train one with "
-                                "critics.train.train_critic")
-    return _load(str(path.resolve()), (path / "config.json").stat().st_mtime)
+    marker = path / "critic_meta.json"
+    if not (path / "config.json").exists() and not marker.exists():
+        raise FileNotFoundError(f"{path} is not a critic model directory (no config.json or critic_meta.json); "
+                                "train one with critics.train.train_critic")
+    return _load(str(path.resolve()), (marker if marker.exists() else path / "config.json").stat().st_mtime)
+
+
+def score_loaded(critic, texts: Sequence[str], batch_size: int = 64, max_length: int = 64,
+                 progress: bool = True) -> np.ndarray:
+    """P(valid) of each text under a critic returned by ``load_critic`` (canonicalised as it was trained)."""
+    from critics.data import canonical_statement
+
+    if critic_meta(critic).get("canonicalize"):
+        texts = [canonical_statement(t) for t in texts]
+    if hasattr(critic, "score"):
+        return critic.score(list(texts), batch_size=min(batch_size, 32), progress=progress)
+    model, tok = critic
+    return score_model(model, tok, texts, batch_size=batch_size, max_length=max_length, progress=progress)
 
 
 @torch.no_grad()
@@ -64,5 +95,5 @@ def score_model(model, tokenizer, texts: Sequence[str], batch_size: int = 64, ma
 def score_texts(model_dir: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
                 max_length: int = 64, progress: bool = True) -> np.ndarray:
     """P(valid) of each text under the critic saved in ``model_dir``; shape ``(len(texts),)``."""
-    model, tok = load_critic(model_dir)
-    return score_model(model, tok, texts, batch_size=batch_size, max_length=max_length, progress=progress)
+    return score_loaded(load_critic(model_dir), texts, batch_size=batch_size, max_length=max_length,
+                        progress=progress)

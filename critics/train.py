@@ -4,10 +4,12 @@
 ``out_dir``:
 
     model/                 the critic (save_pretrained + tokenizer + critic_meta.json), renamed into place
-    pr_curve.png           critic vs LM perplexity on the held-out concepts (I2D2 Fig. 6), δ marked
+    pr_curve.png           critic vs surface floor vs LM perplexity on the test concepts (I2D2 Fig. 6), δ marked
     score_histogram.png    P(valid) by gold label with δ;  perplexity_histogram.png when lm is given
-    val_scores.jsonl       each validation statement with its gold label, critic score and perplexity
-    split.json             the train / validation concepts (no concept on both sides)
+    dev_scores.jsonl       dev statements (checkpoint + δ) with gold label and critic score
+    test_scores.jsonl      test statements (every reported number) with gold label, critic score, perplexity
+    probe_scores.jsonl     the invariance probes (i2d2/data/annotations/probes.jsonl) with their scores
+    split.json             the train / dev / test concepts (no concept on two sides)
     metrics.json           the summary this function returns
     epochs/                per-epoch validation PR curve + histogram (PRCurveCallback)
     checkpoints/           Lightning checkpoints while training (a killed run resumes from last.ckpt);
@@ -20,9 +22,7 @@ A finished ``model/`` is reused (training skipped); the caller wraps the whole c
 from __future__ import annotations
 
 import logging
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -30,18 +30,23 @@ from typing import Sequence
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from critics.data import Collator, LoadReport, StatementDataset, grouped_split, label_mapping, load_annotations
+from critics.data import (Collator, LoadReport, StatementDataset, canonical_statement, grouped_split3, label_mapping,
+                          load_annotations)
 from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
-from i2d2.io import write_json, write_jsonl
+from i2d2.io import atomic_dir, write_json, write_jsonl
 
 log = logging.getLogger(__name__)
 
+KINDS = ("finetune", "probe")
+
 DEFAULTS = dict(
+    kind="finetune", probe_lm="packaged:gemma3-270m", probe_layer=12, probe_C=[0.001, 0.003, 0.01, 0.03, 0.1],
     name="packaged:minilm", lr=5e-5, weight_decay=0.01, warmup_ratio=0.1, dropout=None, batch_size=16,
-    eval_batch_size=64, max_epochs=10, patience=3, max_length=64, val_fraction=0.2, seed=0,
+    eval_batch_size=64, max_epochs=10, patience=3, max_length=64, dev_fraction=0.15, test_fraction=0.2, seed=0,
     target_recall=0.8, target_precision=0.9, delta=None, monitor="val/p_at_r", label_map=None,
     on_error="raise", min_agreement=0.5, min_examples=20, keep_checkpoints=False,
-    perplexity_batch_size=16, perplexity_per="word",
+    perplexity_batch_size=16, perplexity_per="word", probes=True, probe_warn_shift=0.1, complete_only=False,
+    canonicalize=False,
 )
 
 
@@ -51,11 +56,17 @@ def critic_config(cfg_critic) -> dict:
     unknown = sorted(set(cfg) - set(DEFAULTS) - {"seed_annotations", "_target_"})
     if unknown:
         raise ValueError(f"critic config: unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
-    return {**DEFAULTS, **{k: v for k, v in cfg.items() if not (k in DEFAULTS and v is None and DEFAULTS[k] is not None)}}
+    out = {**DEFAULTS, **{k: v for k, v in cfg.items() if not (k in DEFAULTS and v is None and DEFAULTS[k] is not None)}}
+    if out["kind"] not in KINDS:
+        raise ValueError(f"critic.kind must be one of {KINDS}, got {out['kind']!r}")
+    return out
 
 
 def _model_complete(model_dir: Path) -> bool:
-    return (model_dir / "config.json").exists() and (model_dir / "critic_meta.json").exists()
+    from critics.probe import WEIGHTS
+
+    return (model_dir / "critic_meta.json").exists() and ((model_dir / "config.json").exists()
+                                                          or (model_dir / WEIGHTS).exists())
 
 
 def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Path, trainer_cfg, tracker):
@@ -109,22 +120,16 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
         state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
         module.load_state_dict(state)
         log.info("critic: best epoch by %s = %.4f (%s)", cfg["monitor"], float(ckpt.best_model_score), best)
-    # write the model folder atomically: a temporary sibling renamed into place
-    tmp = Path(tempfile.mkdtemp(prefix=".model.", dir=out_dir))
-    try:
+    with atomic_dir(model_dir) as tmp:  # a temporary sibling renamed into place
         module.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         write_json(tmp / "critic_meta.json", {
-            "name": cfg["name"], "valid_label_index": 1, "max_length": int(cfg["max_length"]),
+            "kind": "finetune", "name": cfg["name"], "valid_label_index": 1, "max_length": int(cfg["max_length"]),
+            "canonicalize": bool(cfg["canonicalize"]),
             "best_score": None if ckpt.best_model_score is None else float(ckpt.best_model_score),
             "monitor": cfg["monitor"], "epochs_trained": int(trainer.current_epoch), "fit_seconds": round(fit_s, 1),
             "label_map": label_mapping(cfg["label_map"]),
         })
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(tmp, model_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     if not cfg["keep_checkpoints"]:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     return fit_s
@@ -135,15 +140,31 @@ def _lm_name(model) -> str:
     return Path(path).name if path else getattr(model.config, "model_type", "LM")
 
 
+def _scores_rows(idx, texts, concepts, rows, ys, scores, ppl=None) -> list[dict]:
+    out = []
+    for j, i in enumerate(idx):
+        row = {"statement": texts[i], "concept": concepts[i], "label": rows[i]["label"], "y": int(ys[i]),
+               "critic_score": float(scores[j])}
+        if ppl is not None:
+            row["perplexity"] = float(ppl[j])
+        out.append(row)
+    return out
+
+
 def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: str | Path, trainer_cfg=None,
                  tracker=None, lm=None) -> dict:
-    """Train (or reuse) the critic in ``out_dir``; return its validation summary.
+    """Train (or reuse) the critic in ``out_dir``; return its summary.
 
-    Returns ``dict(model_dir, ap, ap_perplexity, delta, precision, recall, p_at_r, n_train, n_val, ...)``;
-    ``precision``/``recall`` are those of ``score > delta`` on the held-out concepts. ``ap_perplexity`` is
-    None without ``lm``.
+    Three splits grouped by concept (``grouped_split3``): train fits the critic; **dev** picks the checkpoint
+    (``monitor``) and δ (``target_precision``); **test** gives every number returned without a ``dev_`` prefix:
+    ``ap``, ``precision``/``recall``/``n_kept_test`` of ``score > δ`` (precision is None when nothing is kept),
+    ``p_at_r``, the LM-perplexity ranker's ``ap_perplexity`` (None without ``lm``), the surface-only floor
+    (``surface_ap``, ``surface_auc_train/test``) and the hand-written invariance probes (``probe_shift``,
+    ``probe_ap``). ``sources`` names the split of each number.
     """
-    from critics.scoring import load_critic, score_model
+    from critics.probe import fit_probe
+    from critics.scoring import load_critic, score_loaded
+    from critics.surface import score_probes, surface_floor
     from callbacks.plots import plot_pr_curves, plot_score_histogram
 
     cfg = critic_config(cfg_critic)
@@ -152,83 +173,111 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     model_dir = out_dir / "model"
     paths = [Path(p) for p in annotation_paths]
     if not paths:
-        raise ValueError("train_critic needs at least one annotation file (e.g. the bundled generics_seed.jsonl)")
+        raise ValueError("train_critic needs at least one annotation file (e.g. the bundled generics_gemma.jsonl)")
 
     report = LoadReport()
     rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report)
     if report.errors:
         write_jsonl(out_dir / "annotation_errors.jsonl", [{"error": e} for e in report.errors])
+    n_unfinished = 0
+    if cfg["complete_only"]:  # the loop drops unfinished generations before the critic (task.filter.require_sentence_end)
+        from i2d2.filtering import ends_sentence
+
+        n_unfinished = sum(not ends_sentence(r["statement"]) for r in rows)
+        rows = [r for r in rows if ends_sentence(r["statement"])]
     if len(rows) < int(cfg["min_examples"]):
         raise ValueError(f"only {len(rows)} usable annotated statements in {[str(p) for p in paths]} "
                          f"(need >= {cfg['min_examples']}); {report.summary()}")
     texts = [r["statement"] for r in rows]
+    if cfg["canonicalize"]:  # what the critic reads; scoring applies the same (critic_meta.json "canonicalize")
+        texts = [canonical_statement(t) for t in texts]
     ys = np.array([r["y"] for r in rows])
     concepts = [r["concept"] for r in rows]
-    train_idx, val_idx = grouped_split(concepts, ys, float(cfg["val_fraction"]), int(cfg["seed"]))
-    train_c, val_c = sorted({concepts[i] for i in train_idx}), sorted({concepts[i] for i in val_idx})
-    write_json(out_dir / "split.json", {"train_concepts": train_c, "val_concepts": val_c,
-                                        "n_train": len(train_idx), "n_val": len(val_idx)})
-    log.info("critic: %d train / %d val statements (%d / %d concepts), %.0f%% valid", len(train_idx),
-             len(val_idx), len(train_c), len(val_c), 100 * ys.mean())
+    train_idx, dev_idx, test_idx = grouped_split3(concepts, ys, float(cfg["dev_fraction"]),
+                                                  float(cfg["test_fraction"]), int(cfg["seed"]))
+    split_concepts = {name: sorted({concepts[i] for i in idx})
+                      for name, idx in (("train", train_idx), ("dev", dev_idx), ("test", test_idx))}
+    write_json(out_dir / "split.json", {**{f"{k}_concepts": v for k, v in split_concepts.items()},
+                                        "n_train": len(train_idx), "n_dev": len(dev_idx), "n_test": len(test_idx)})
+    log.info("critic: %d train / %d dev / %d test statements (%d / %d / %d concepts), %.0f%% valid", len(train_idx),
+             len(dev_idx), len(test_idx), *(len(v) for v in split_concepts.values()), 100 * ys.mean())
 
     fit_s = None
     if _model_complete(model_dir):
         log.info("critic: reusing the finished model in %s", model_dir)
+    elif cfg["kind"] == "probe":
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+            return {"model_dir": str(model_dir)}  # a probe fits in seconds on rank 0
+        fit_s = fit_probe(cfg, texts, ys, train_idx, dev_idx, model_dir)
     else:
-        fit_s = _fit(cfg, texts, ys, train_idx, val_idx, out_dir, model_dir, trainer_cfg, tracker)
+        fit_s = _fit(cfg, texts, ys, train_idx, dev_idx, out_dir, model_dir, trainer_cfg, tracker)
         if fit_s is None:  # non-zero rank of a multi-process fit: rank 0 evaluates and writes
             return {"model_dir": str(model_dir)}
 
-    # ---- held-out evaluation with the saved model (what the filter will use)
-    model, tok = load_critic(model_dir)
-    val_texts = [texts[i] for i in val_idx]
-    yv = ys[val_idx]
-    scores = score_model(model, tok, val_texts, batch_size=int(cfg["eval_batch_size"]),
-                         max_length=int(cfg["max_length"]), progress=True)
-    ap = average_precision(yv, scores)
+    # ---- evaluation with the saved model (what the filter will use): δ on dev, every number on test
+    critic = load_critic(model_dir)
+
+    def critic_scores(batch: list[str]) -> np.ndarray:
+        return score_loaded(critic, batch, batch_size=int(cfg["eval_batch_size"]), progress=True)
+
+    y_dev, y_test = ys[dev_idx], ys[test_idx]
+    s_dev = critic_scores([texts[i] for i in dev_idx])
+    test_texts = [texts[i] for i in test_idx]
+    s_test = critic_scores(test_texts)
     if cfg["delta"] is None:
-        chosen = choose_delta(yv, scores, float(cfg["target_precision"]))
-        delta = chosen["delta"]
-        reached = chosen["reached"]
+        chosen = choose_delta(y_dev, s_dev, float(cfg["target_precision"]))
+        delta, reached = chosen["delta"], chosen["reached"]
     else:
         delta, reached = float(cfg["delta"]), None
-    precision, recall, n_kept = precision_recall_at(yv, scores, delta)
+    dev_precision, dev_recall, dev_kept = precision_recall_at(y_dev, s_dev, delta)
+    ap = average_precision(y_test, s_test)
+    precision, recall, n_kept = precision_recall_at(y_test, s_test, delta)
 
-    curves = {"critic": (yv, scores)}
-    ppl = None
-    ap_ppl = None
+    surface = surface_floor([rows[i] for i in train_idx], ys[train_idx], [rows[i] for i in test_idx], y_test,
+                            seed=int(cfg["seed"]))
+    probes = score_probes(critic_scores, warn_shift=float(cfg["probe_warn_shift"])) if cfg["probes"] else {}
+    if probes:
+        write_jsonl(out_dir / "probe_scores.jsonl", probes.pop("rows"))
+
+    curves = {"critic": (y_test, s_test), "surface-only (logistic regression)": (y_test, surface.pop("surface_scores"))}
+    ppl = ap_ppl = None
     if lm is not None:
         from i2d2.perplexity import perplexity
 
         lm_model, lm_tok = lm[0], lm[1]
-        ppl = perplexity(lm_model, lm_tok, val_texts, batch_size=int(cfg["perplexity_batch_size"]),
+        ppl = perplexity(lm_model, lm_tok, test_texts, batch_size=int(cfg["perplexity_batch_size"]),
                          per=cfg["perplexity_per"], progress=True)
         ppl_score = -np.log(ppl)  # lower perplexity = ranked as more valid
-        ap_ppl = average_precision(yv, ppl_score)
-        curves[f"LM perplexity ({_lm_name(lm_model)})"] = (yv, ppl_score)
-    plot_pr_curves(curves, out_dir / "pr_curve.png", title="Held-out concepts: critic vs perplexity",
-                   marks={f"δ={delta:.2f}": (recall, precision)})
-    plot_score_histogram(scores, yv, out_dir / "score_histogram.png", delta=delta,
-                         title="Critic scores on held-out concepts", xlabel="P(valid)")
+        ap_ppl = average_precision(y_test, ppl_score)
+        curves[f"LM perplexity ({_lm_name(lm_model)})"] = (y_test, ppl_score)
+    marks = {f"δ={delta:.2f} (from dev)": (recall, precision)} if precision is not None else {}
+    plot_pr_curves(curves, out_dir / "pr_curve.png", title="Test concepts: critic vs surface floor vs perplexity",
+                   marks=marks)
+    plot_score_histogram(s_test, y_test, out_dir / "score_histogram.png", delta=delta,
+                         title="Critic scores on test concepts", xlabel="P(valid)")
     if ppl is not None:
-        plot_score_histogram(np.log(ppl), yv, out_dir / "perplexity_histogram.png",
-                             title="LM log-perplexity on held-out concepts", xlabel="log perplexity")
-
-    val_rows = []
-    for j, i in enumerate(val_idx):
-        row = {"statement": texts[i], "concept": concepts[i], "label": rows[i]["label"], "y": int(ys[i]),
-               "critic_score": float(scores[j])}
-        if ppl is not None:
-            row["perplexity"] = float(ppl[j])
-        val_rows.append(row)
-    write_jsonl(out_dir / "val_scores.jsonl", val_rows)
+        plot_score_histogram(np.log(ppl), y_test, out_dir / "perplexity_histogram.png",
+                             title="LM log-perplexity on test concepts", xlabel="log perplexity")
+    write_jsonl(out_dir / "dev_scores.jsonl", _scores_rows(dev_idx, texts, concepts, rows, ys, s_dev))
+    test_rows = _scores_rows(test_idx, texts, concepts, rows, ys, s_test, ppl)
+    write_jsonl(out_dir / "test_scores.jsonl", test_rows)
 
     summary = {
         "model_dir": str(model_dir), "ap": ap, "ap_perplexity": ap_ppl, "delta": float(delta),
-        "precision": precision, "recall": recall, "n_kept_val": n_kept, "target_precision_reached": reached,
-        "p_at_r": precision_at_recall(yv, scores, float(cfg["target_recall"])), "target_recall": cfg["target_recall"],
-        "n_train": int(len(train_idx)), "n_val": int(len(val_idx)), "n_val_concepts": len(val_c),
-        "val_valid_rate": float(yv.mean()), "fit_seconds": fit_s, "annotations": report.summary(),
+        "precision": precision, "recall": recall, "n_kept_test": n_kept, "target_precision_reached": reached,
+        "p_at_r": precision_at_recall(y_test, s_test, float(cfg["target_recall"])),
+        "target_recall": cfg["target_recall"],
+        "dev_ap": average_precision(y_dev, s_dev), "dev_precision": dev_precision, "dev_recall": dev_recall,
+        "n_kept_dev": dev_kept, **surface, **probes,
+        "ap_over_surface": None if surface["surface_ap"] is None else ap - surface["surface_ap"],
+        "n_train": int(len(train_idx)), "n_dev": int(len(dev_idx)), "n_test": int(len(test_idx)),
+        "n_test_concepts": len(split_concepts["test"]), "test_valid_rate": float(y_test.mean()),
+        "fit_seconds": fit_s, "annotations": report.summary(), "n_unfinished_left_out": n_unfinished,
+        "sources": {"delta": "dev", "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
+                    "ap, precision, recall, p_at_r, ap_perplexity, surface_ap": "test",
+                    "probe_*": "probes.jsonl (hand-written, never trained on)"},
         "pr_curve": str(out_dir / "pr_curve.png"), "score_histogram": str(out_dir / "score_histogram.png"),
     }
     write_json(out_dir / "metrics.json", summary)
@@ -237,8 +286,13 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
                              if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None})
         tracker.log_image("critic/pr_curve", out_dir / "pr_curve.png")
         tracker.log_image("critic/score_histogram", out_dir / "score_histogram.png")
-        tracker.log_table("critic/val_scores", list(val_rows[0]), [list(r.values()) for r in val_rows])
-    log.info("critic: AP %.3f on %d held-out statements (%d concepts)%s; δ=%.3f -> precision %.3f recall %.3f",
-             ap, len(val_idx), len(val_c), "" if ap_ppl is None else f", LM-perplexity AP {ap_ppl:.3f}",
-             delta, precision, recall)
+        tracker.log_table("critic/test_scores", list(test_rows[0]), [list(r.values()) for r in test_rows])
+    log.info("critic: test AP %.3f (surface floor %s, LM perplexity %s) on %d statements / %d concepts; δ=%.3f from dev "
+             "-> test precision %s recall %.3f (%d kept); probe shift %s, probe AP %s", ap, _f(surface["surface_ap"]),
+             _f(ap_ppl), len(test_idx), len(split_concepts["test"]), delta, _f(precision), recall, n_kept,
+             _f(probes.get("probe_shift")), _f(probes.get("probe_ap")))
     return summary
+
+
+def _f(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"

@@ -5,6 +5,17 @@
         --store runs/i2d2/annotations/labels.jsonl
     python -m i2d2.annotate import --input to_label_done.csv --store runs/i2d2/annotations/labels.jsonl
 
+Blind per-iteration evaluation on the fixed held-out concepts (``task.heldout``):
+
+    python -m i2d2.annotate export --blind --run-dir runs/i2d2 --out blind.csv --n 40
+    python -m i2d2.annotate import --blind --run-dir runs/i2d2 --input blind_done.csv
+    python -m i2d2.annotate accuracy --run-dir runs/i2d2
+
+``export --blind`` draws n statements per iteration, shuffles them together and writes only item id, statement
+and an empty label (no score, iteration or concept); ``import --blind`` maps the labels back through the key
+kept in the run and stores them apart from the critic's labels; ``accuracy`` prints the person-judged accuracy
+per iteration.
+
 ``export`` samples k statements per concept stratified by ``critic_score`` and skips statements already in
 the store; ``import`` validates the labels (errors name file:line) and merges them into the store, which
 the next iteration's critic trains on together with the seed set.
@@ -16,7 +27,7 @@ import argparse
 import logging
 import sys
 
-from i2d2.annotation import export_for_annotation, import_annotations
+from i2d2.annotation import export_blind, export_for_annotation, heldout_accuracy, import_annotations, import_blind
 from i2d2.io import DataError, read_jsonl
 
 
@@ -25,7 +36,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="write a sample of statements to label (CSV or JSONL by suffix)")
-    ex.add_argument("--input", action="append", required=True, help="JSONL rows (repeatable)")
+    ex.add_argument("--input", action="append", help="JSONL rows (repeatable)")
+    ex.add_argument("--blind", action="store_true", help="blind sample of every iteration's held-out generations")
+    ex.add_argument("--run-dir", help="with --blind: the run directory")
+    ex.add_argument("--n", type=int, default=40, help="with --blind: statements per iteration")
     ex.add_argument("--out", required=True)
     ex.add_argument("--k", type=int, default=4, help="statements per concept")
     ex.add_argument("--text-key", default="statement")
@@ -35,25 +49,52 @@ def main(argv=None) -> int:
     ex.add_argument("--store", help="labels store: statements already labelled there are not exported again")
     im = sub.add_parser("import", help="read labels back and merge them into the labels store")
     im.add_argument("--input", required=True)
-    im.add_argument("--store", required=True)
+    im.add_argument("--store", help="labels store (not with --blind)")
+    im.add_argument("--blind", action="store_true", help="a labelled blind export: map back through the run's key")
+    im.add_argument("--run-dir", help="with --blind: the run directory")
+    ac = sub.add_parser("accuracy", help="person-judged accuracy per iteration on the held-out concepts")
+    ac.add_argument("--run-dir", required=True)
     im.add_argument("--on-error", choices=["raise", "skip"], default="raise")
     im.add_argument("--iteration", type=int)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        if args.cmd == "export":
+        if args.cmd == "export" and args.blind:
+            if not args.run_dir:
+                ap.error("export --blind needs --run-dir")
+            out = export_blind(args.run_dir, args.out, args.n, seed=args.seed)
+            print(f"wrote {len(out)} statements (blind: no scores, iterations or concepts) to {args.out}")
+        elif args.cmd == "export":
+            if not args.input:
+                ap.error("export needs --input (or --blind --run-dir)")
             rows = [r for p in args.input for r in read_jsonl(p)]
             exclude = [r["statement"] for r in read_jsonl(args.store)] if args.store else []
             out = export_for_annotation(rows, args.out, args.k, args.text_key, args.concept_key, args.score_key,
                                         seed=args.seed, exclude=exclude)
             print(f"wrote {len(out)} statements to {args.out}")
+        elif args.cmd == "accuracy":
+            print("| iteration | held-out generations | labelled | person-judged accuracy | 95% CI |")
+            print("|---|---|---|---|---|")
+            for r in heldout_accuracy(args.run_dir):
+                acc = "–" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+                ci = "–" if r["ci95"] is None else f"±{r['ci95']:.3f}"
+                print(f"| {r['iteration']} | {r['n_generations']} | {r['n_labelled']} | {acc} | {ci} |")
         else:
             errors: list[str] = []
-            rows = import_annotations(args.input, args.store, on_error=args.on_error, errors=errors,
-                                      iteration=args.iteration)
+            if args.blind:
+                if not args.run_dir:
+                    ap.error("import --blind needs --run-dir")
+                rows = import_blind(args.input, args.run_dir, on_error=args.on_error, errors=errors)
+                where = f"{args.run_dir}/annotations/heldout_labels.jsonl"
+            else:
+                if not args.store:
+                    ap.error("import needs --store (or --blind --run-dir)")
+                rows = import_annotations(args.input, args.store, on_error=args.on_error, errors=errors,
+                                          iteration=args.iteration)
+                where = args.store
             for e in errors:
                 print(f"skipped: {e}", file=sys.stderr)
-            print(f"imported {len(rows)} labelled statements into {args.store}")
+            print(f"imported {len(rows)} labelled statements into {where}")
     except (DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

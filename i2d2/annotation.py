@@ -32,20 +32,24 @@ STORE_NAME = "annotations/labels.jsonl"
 INSTRUCTIONS = """\
 # Labelling instructions
 
-Each row is a statement a language model wrote about the concept in column `concept`.
-Judge it with general world knowledge and write one label in the `label` column:
+Each row is a statement a language model wrote. Judge it against the annotation guide that ships with the
+framework (i2d2/data/annotations/GUIDE.md) and write one label in the `label` column:
 
-- `true`      - true, or true in general (exceptions are fine: "birds can fly").
-- `false`     - false or unreasonable as a general claim about the world.
-- `garbled`   - not judgeable as written: garbled or incomplete, too vague (you would have to ask
-                what is meant), a piece of a story about particular people, or too specific to one
-                situation, place or person.
+- `true`      - a complete statement that is true in general about the kind (exceptions are fine: "birds can fly").
+- `false`     - a complete claim that is false or unreasonable in general.
+- `vague`     - nothing specific to check or learn (empty, tautological, hedged into nothing).
+- `episodic`  - about a particular situation, event, person, place or instance, not the kind.
+- `ad_copy`   - advertising, promotion or opinion rather than a fact.
+- `garbled`   - ungrammatical, cut off, repeated words, or makes no sense.
 - `dont_know` - it reads like a fact, but you cannot tell whether it is true without looking it up.
 
-Several annotators: put their labels in `votes` separated by `|` (e.g. `true|true|false`) and leave
-`label` empty; the majority label is used. Leave a row's `label` and `votes` empty to skip it.
-Do not edit `item_id`, `statement` or `concept`.
+The paper's four labels (true / false / don't know / garbled, "Huh???") are accepted too. Several annotators:
+put their labels in `votes` separated by `|` (e.g. `true|true|false`) and leave `label` empty; the majority
+label is used. Leave a row's `label` and `votes` empty to skip it. Do not edit `item_id` or `statement`.
 """
+
+HELDOUT_STORE = "annotations/heldout_labels.jsonl"
+BLIND_COLUMNS = ["item_id", "statement", "label"]
 
 
 def labels_store(run_dir: str | Path) -> Path:
@@ -53,7 +57,7 @@ def labels_store(run_dir: str | Path) -> Path:
     return Path(run_dir) / STORE_NAME
 
 
-def critic_annotation_paths(seed_annotations: Iterable[str | Path] = ("generics_seed.jsonl",),
+def critic_annotation_paths(seed_annotations: Iterable[str | Path] = ("generics_gemma.jsonl",),
                             run_dir: str | Path | None = None) -> list[Path]:
     """Files the next critic trains on: the seed set(s), then the run's labels store if it exists (later wins)."""
     paths = [resolve_annotation_path(p) for p in seed_annotations]
@@ -201,3 +205,128 @@ def merge_labels(store_path: str | Path, new_rows: Sequence[dict]) -> dict:
     stats = {"n_total": len(merged), "n_new": len(new_rows) - n_updated, "n_updated": n_updated}
     log.info("labels store %s: %s", store_path, stats)
     return stats
+
+
+# ----------------------------------------------------------------------------- blind per-iteration evaluation
+
+def heldout_store(run_dir: str | Path) -> Path:
+    """Labels of the fixed held-out concepts' generations: evaluation only, never read by a critic."""
+    return Path(run_dir) / HELDOUT_STORE
+
+
+def heldout_statements(run_dir: str | Path) -> list[dict]:
+    """Every iteration's held-out generations (``iter_k/heldout/statements.jsonl``), with ``iteration``."""
+    out = []
+    for p in sorted(Path(run_dir).glob("iter_*/heldout/statements.jsonl"), key=lambda q: int(q.parent.parent.name[5:])):
+        k = int(p.parent.parent.name[5:])
+        out += [{**r, "iteration": k} for r in read_jsonl(p)]
+    return out
+
+
+def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int = 40, seed: int = 0) -> list[dict]:
+    """A shuffled sample of every iteration's held-out generations for a person to judge, blind.
+
+    ``n_per_iteration`` statements are drawn at random from each iteration (skipping statements already in the
+    held-out labels store). The export holds only ``item_id, statement, label``: no score, iteration, concept
+    or order that could tell iterations apart; ``item_id`` is a hash. The key that maps items back to their
+    iterations is written next to the store (``annotations/blind_key.jsonl``) for ``import_blind``.
+    """
+    import hashlib
+
+    run_dir, out_path = Path(run_dir), Path(out_path)
+    rows = heldout_statements(run_dir)
+    if not rows:
+        raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")
+    store = heldout_store(run_dir)
+    done = {normalize_statement(r["statement"]) for r in read_jsonl(store)} if store.exists() else set()
+    rng = np.random.default_rng(seed)
+    by_iter: dict[int, list[dict]] = {}
+    for r in rows:
+        by_iter.setdefault(int(r["iteration"]), []).append(r)
+    items: dict[str, dict] = {}
+    for k in sorted(by_iter):
+        cands = [r for r in by_iter[k] if normalize_statement(r["statement"]) not in done]
+        for i in rng.permutation(len(cands))[:n_per_iteration].tolist():
+            r = cands[i]
+            key = normalize_statement(r["statement"])
+            item = items.setdefault(key, {"statement": r["statement"], "concept": r.get("concept", ""),
+                                          "iterations": []})
+            item["iterations"] = sorted(set(item["iterations"]) | {k})
+    salt = f"{seed}:{len(rows)}"
+    for key, item in items.items():
+        item["item_id"] = hashlib.sha1(f"{salt}:{key}".encode()).hexdigest()[:12]
+    order = rng.permutation(len(items)).tolist()
+    shuffled = [list(items.values())[i] for i in order]
+    write_csv(out_path, [{"item_id": it["item_id"], "statement": it["statement"], "label": ""} for it in shuffled],
+              BLIND_COLUMNS)
+    write_text(out_path.with_name(out_path.stem + ".instructions.md"), INSTRUCTIONS)
+    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
+    old = {r["item_id"]: r for r in read_jsonl(key_path)} if key_path.exists() else {}
+    old.update({it["item_id"]: it for it in shuffled})
+    write_jsonl(key_path, old.values())
+    log.info("blind export: %d statements from %d iterations -> %s (key: %s)", len(shuffled), len(by_iter),
+             out_path, key_path)
+    return shuffled
+
+
+def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise", errors: list | None = None) -> list[dict]:
+    """Read a labelled blind export back, map each item to its iterations through the key, and merge the
+    labels into the held-out store (``annotations/heldout_labels.jsonl``)."""
+    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
+    if not key_path.exists():
+        raise FileNotFoundError(f"{key_path} not found: export with `annotate export --blind --run-dir {run_dir}` first")
+    key = {r["item_id"]: r for r in read_jsonl(key_path)}
+    path = Path(path)
+    raw = [(r.pop("_line"), r) for r in read_csv(path, required=("item_id", "label"))] \
+        if path.suffix.lower() == ".csv" else _read_labelled(path)
+    rows = []
+    for lineno, row in raw:
+        item = key.get(str(row.get("item_id", "")).strip())
+        if item is None:
+            msg = f"{path}:{lineno}: item_id {row.get('item_id')!r} is not in {key_path}"
+            if on_error == "raise":
+                raise DataError(msg)
+            if errors is not None:
+                errors.append(msg)
+            continue
+        rows.append({**row, "concept": item["concept"], "statement": item["statement"]})
+    tmp = Path(path).with_name("." + Path(path).name + ".mapped.jsonl")
+    write_jsonl(tmp, rows)
+    try:
+        labelled = import_annotations(tmp, None, on_error=on_error, errors=errors)
+    finally:
+        tmp.unlink(missing_ok=True)
+    for r in labelled:
+        r["iterations"] = key[str(r["item_id"]).strip()]["iterations"]
+        r["imported_from"] = str(path)
+    merge_labels(heldout_store(run_dir), labelled)
+    return labelled
+
+
+def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> list[dict]:
+    """Person-judged accuracy of each iteration's held-out generations (labels from the held-out store):
+    ``[{iteration, n_generations, n_labelled, accuracy, ci95}]``; accuracy is None with no labels."""
+    store = heldout_store(run_dir)
+    mapping = label_mapping(label_map)
+    labels = {}
+    if store.exists():
+        for r in read_jsonl(store):
+            y = mapping.get(normalize_label(r.get("label") or ""))
+            if y is not None:
+                labels[normalize_statement(r["statement"])] = int(y)
+    by_iter: dict[int, list[int]] = {}
+    counts: dict[int, int] = {}
+    for r in heldout_statements(run_dir):
+        k = int(r["iteration"])
+        counts[k] = counts.get(k, 0) + 1
+        y = labels.get(normalize_statement(r["statement"]))
+        if y is not None:
+            by_iter.setdefault(k, []).append(y)
+    out = []
+    for k in sorted(counts):
+        ys = np.asarray(by_iter.get(k, []), dtype=float)
+        acc = float(ys.mean()) if len(ys) else None
+        ci = float(1.96 * np.sqrt(acc * (1 - acc) / len(ys))) if len(ys) else None
+        out.append({"iteration": k, "n_generations": counts[k], "n_labelled": int(len(ys)), "accuracy": acc,
+                    "ci95": ci})
+    return out

@@ -2,12 +2,66 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from i2d2.io import write_json, write_jsonl
+
+_NON_WORD = re.compile(r"[^\w]+", re.UNICODE)
+
+
+_CLOSERS = "\"'”’)]"
+
+
+def ends_sentence(text: str) -> bool:
+    """True when the text ends a sentence (. ! ? before optional closing quotes/brackets): a generation cut off by
+    max_new_tokens is not a statement."""
+    t = str(text).rstrip().rstrip(_CLOSERS)
+    return t.endswith((".", "!", "?"))
+
+
+def dedupe_key(text: str) -> str:
+    """Case, hyphens, punctuation and spacing folded: "Well-known dogs." == "well known dogs"."""
+    return " ".join(_NON_WORD.sub(" ", str(text).lower()).split())
+
+
+def near_duplicates(texts: Sequence[str], groups: Sequence[str] | None = None, threshold: float = 90.0,
+                    order: Sequence[float] | None = None) -> np.ndarray:
+    """For each text, the index of the text it duplicates (itself when it is the group's representative).
+
+    Texts are compared within a group (the concept: statements about different concepts are never
+    duplicates, and the comparison stays O(sum of group sizes squared)) after ``dedupe_key``; two texts are
+    near-duplicates when rapidfuzz's ``ratio`` (normalised Indel similarity, 0-100) is >= ``threshold``
+    ("happy with our room" ~ "pleased with our room"). ``order`` (higher first, e.g. the critic score)
+    decides which text of a cluster represents it; ties keep the earlier one.
+    """
+    from rapidfuzz import fuzz, process
+
+    n = len(texts)
+    keys = [dedupe_key(t) for t in texts]
+    groups = ["" for _ in range(n)] if groups is None else [str(g).lower() for g in groups]
+    rank = np.arange(n) if order is None else np.lexsort((np.arange(n), -np.asarray(order, dtype=float)))
+    rep = np.arange(n)
+    by_group: dict[str, list[int]] = {}
+    for i in rank.tolist():
+        by_group.setdefault(groups[i], []).append(i)
+    for members in by_group.values():
+        if len(members) < 2:
+            continue
+        sim = process.cdist([keys[i] for i in members], [keys[i] for i in members], scorer=fuzz.ratio,
+                            dtype=np.uint8, workers=1)
+        close = np.triu(sim >= threshold, k=1)  # j later (lower-ranked) than i
+        taken = np.zeros(len(members), dtype=bool)
+        for a in range(len(members)):  # greedy clustering in rank order; the matrix is already computed
+            if taken[a]:
+                continue
+            dups = np.flatnonzero(close[a] & ~taken)
+            taken[dups] = True
+            rep[[members[j] for j in dups]] = members[a]
+    return rep
 
 
 def threshold_filter(rows: Sequence[dict], scores, delta: float) -> tuple[list[dict], list[dict]]:

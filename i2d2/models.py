@@ -167,11 +167,16 @@ def load_classifier(name: str, num_labels: int = 2):
         if TINY_ARCHS.get(arch) != "classifier":
             raise _unknown(name, "classifier")
         return tiny_model(arch, num_labels=num_labels)
-    path = _encoder_path(name, "classifier")
+    # packaged:gemma3-270m: a decoder classifier (last-token head) on the generator's own weights
+    path = str(gemma_safetensors_dir()) if name == "packaged:gemma3-270m" else _encoder_path(name, "classifier")
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(
         path, num_labels=num_labels, ignore_mismatched_sizes=True
     )
+    if tok.pad_token is None:  # decoder bodies: the head reads the last non-pad token
+        tok.pad_token = tok.eos_token or tok.unk_token
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tok.pad_token_id
     return model, tok
 
 

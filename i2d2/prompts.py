@@ -33,7 +33,13 @@ from i2d2.io import DataError, atomic_path, fingerprint, write_json, write_text
 log = logging.getLogger(__name__)
 
 PROMPT_FIELDS = ["prompt_id", "prompt", "constraints", "concept", "kind", "template", "surface", "relation", "related",
-                 "perplexity", "adverb", "article", "number", "source"]
+                 "perplexity", "adverb", "article", "number", "form", "source"]
+
+# The surface forms of a noun prompt. "adverb+" before a form is the same with a leading Generally/Typically/...
+#   bare_plural "Bicycles can" | indefinite "A bicycle can" | definite "The bicycle can" | bare_singular "Chess is"
+BASE_FORMS = ("bare_plural", "indefinite", "definite", "bare_singular")
+PROMPT_FORMS = BASE_FORMS + tuple(f"adverb+{f}" for f in BASE_FORMS)
+SELECTIONS = ("forms", "perplexity")
 
 
 def _get(cfg, key, default=None):
@@ -51,6 +57,19 @@ class Variant:
     adverb: str | None = None
     article: str | None = None
     number: str | None = None   # sg | pl | None (goals)
+
+    @property
+    def form(self) -> str:
+        """One of PROMPT_FORMS for a noun prompt, ``goal`` for a goal prompt."""
+        if self.number is None:
+            return "goal"
+        if self.article in ("a", "an"):
+            base = "indefinite"
+        elif self.article == "the":
+            base = "definite"
+        else:
+            base = "bare_plural" if self.number == "pl" else "bare_singular"
+        return f"adverb+{base}" if self.adverb else base
 
 
 # ----------------------------------------------------------------------------- inflection
@@ -257,10 +276,57 @@ def select_variants(groups: list[list[Variant]], ppl: np.ndarray, threshold: flo
     return kept, dropped
 
 
+def select_by_form(groups: list[list[Variant]], forms) -> tuple[list[Variant], int]:
+    """The variant of each group with the most preferred form in ``forms`` (an ordered list of PROMPT_FORMS;
+    with several adverbs, the first adverb). Goal prompts pass through. Returns (chosen, n_groups_without_form)."""
+    rank = {f: i for i, f in enumerate(forms)}
+    chosen, missing = [], 0
+    for g in groups:
+        if g[0].number is None:  # goal prompt
+            chosen.append(g[0])
+            continue
+        best = min((v for v in g if v.form in rank), key=lambda v: rank[v.form], default=None)
+        if best is None:
+            missing += 1
+        else:
+            chosen.append(best)
+    return chosen, missing
+
+
+def check_prompt_selection(cfg_data) -> tuple[str, list[str]]:
+    """``data.prompt_selection`` and ``data.prompt_forms``, checked; ValueError names the key."""
+    selection = _get(cfg_data, "prompt_selection", "perplexity")
+    if selection not in SELECTIONS:
+        raise ValueError(f"data.prompt_selection must be one of {SELECTIONS}, got {selection!r}")
+    forms = list(_get(cfg_data, "prompt_forms", []))
+    bad = [f for f in forms if f not in PROMPT_FORMS]
+    if bad:
+        raise ValueError(f"data.prompt_forms: unknown form(s) {bad}; known: {list(PROMPT_FORMS)}")
+    if selection == "forms" and not forms:
+        raise ValueError("data.prompt_forms must name at least one form when data.prompt_selection=forms")
+    return selection, forms
+
+
+def heldout_keys(cfg_heldout) -> set[str]:
+    """Lower-cased texts of the fixed evaluation concepts (``task.heldout``): kept out of every critic label set."""
+    if not cfg_heldout:
+        return set()
+    return {str(c).lower() for key in ("nouns", "goals") for c in (cfg_heldout.get(key) or [])}
+
+
 # ----------------------------------------------------------------------------- the stage
 
-def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None) -> dict:
-    """Load concepts, build and score prompt variants, attach constraints, write the prompts JSONL.
+def heldout_concepts(cfg_heldout) -> list[Concept]:
+    """The fixed evaluation concepts of ``task.heldout`` as Concepts (nouns paired with ``relations``)."""
+    rel = cfg_heldout.get("relations") or "genericskb"
+    return ([Concept(str(n), "noun", source="task.heldout.nouns", relations=rel) for n in cfg_heldout.get("nouns") or []]
+            + [Concept(str(g), "goal", source="task.heldout.goals") for g in cfg_heldout.get("goals") or []])
+
+
+def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None,
+                          concepts: list[Concept] | None = None) -> dict:
+    """Load concepts (or take ``concepts``), build and score prompt variants, attach constraints, write the
+    prompts JSONL.
 
     The table is a ``datasets.Dataset`` written with ``to_json`` into a temporary file renamed over
     ``out_path``. Malformed concept lines are skipped (``on_error: skip``, listed in the summary and in
@@ -271,20 +337,28 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
     t0 = time.time()
     out_path = Path(out_path)
     errors: list[str] = []
-    concepts = load_concepts(cfg_data, errors)
+    concepts = load_concepts(cfg_data, errors) if concepts is None else concepts
     for msg in errors[:20]:
         log.warning("skipped malformed concept line %s", msg)
     if len(errors) > 20:
         log.warning("... and %d more malformed concept lines", len(errors) - 20)
     if not concepts:
         raise DataError("no concepts loaded: check data.sources " + ("; ".join(errors[:3]) if errors else ""))
+    selection, forms = check_prompt_selection(cfg_data)
     groups = candidate_groups(concepts, cfg_data)
+    n_without_form = 0
+    if selection == "forms":  # the measured-yield forms (README: prompt forms); perplexity only for the threshold
+        chosen, n_without_form = select_by_form(groups, forms)
+        groups = [[v] for v in chosen]
     texts = [v.text for g in groups for v in g]
     ppl_cfg = _get(cfg_data, "perplexity", {})
-    ppl = score_texts(model, tokenizer, texts, out_path.parent / f".{out_path.name}.ppl",
-                      batch_size=int(_get(ppl_cfg, "batch_size", 32)), per=_get(ppl_cfg, "per", "word"),
-                      chunk=int(_get(ppl_cfg, "chunk_size", 1024)))
     threshold = ppl_cfg.get("threshold", 250)
+    if selection == "forms" and threshold is None:  # nothing to choose or drop by perplexity: skip the LM pass
+        ppl = np.full(len(texts), np.nan)
+    else:
+        ppl = score_texts(model, tokenizer, texts, out_path.parent / f".{out_path.name}.ppl",
+                          batch_size=int(_get(ppl_cfg, "batch_size", 32)), per=_get(ppl_cfg, "per", "word"),
+                          chunk=int(_get(ppl_cfg, "chunk_size", 1024)))
     kept, dropped = select_variants(groups, ppl, None if threshold is None else float(threshold))
 
     mode = _get(cfg_data, "related_prompts", "both")
@@ -302,8 +376,8 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
                 constraints=build_constraints(v, rel, cons_cfg, engine),
                 concept=v.concept.text, kind=v.concept.kind, template=v.template, surface=v.surface,
                 relation=v.relation,
-                related=rel, perplexity=round(score, 4), adverb=v.adverb, article=v.article, number=v.number,
-                source=v.concept.source,
+                related=rel, perplexity=None if math.isnan(score) else round(score, 4), adverb=v.adverb, article=v.article, number=v.number,
+                form=v.form, source=v.concept.source,
             ))
     if not rows:
         raise DataError(f"every prompt was dropped by the perplexity threshold {threshold} "
@@ -321,14 +395,17 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
     summary = dict(
         n_concepts=len(concepts), n_nouns=sum(c.kind == "noun" for c in concepts),
         n_goals=sum(c.kind == "goal" for c in concepts), n_concept_errors=len(errors),
+        prompt_selection=selection, n_pairs_without_form=n_without_form,
         n_pairs=len(groups), n_variants=len(texts), n_kept=len(kept), n_dropped_threshold=len(dropped),
         n_prompts=len(rows), n_with_related=sum(r["related"] is not None for r in rows),
-        median_perplexity=float(np.median([s for _, s in kept])) if kept else math.nan,
+        median_perplexity=float(np.nanmedian([s for _, s in kept])) if kept and not np.isnan(ppl).all() else None,
         seconds=round(time.time() - t0, 2), concept_errors=errors[:50],
     )
     write_json(out_path.with_name(out_path.name + ".summary.json"), summary)
-    log.info("prompts: %d concepts -> %d pairs (%d variants scored) -> %d kept, %d over threshold -> %d prompts",
-             summary["n_concepts"], len(groups), len(texts), len(kept), len(dropped), len(rows))
+    log.info("prompts: %d concepts -> %d pairs (%d variants, %s) -> %d kept, %d over threshold -> %d prompts",
+             summary["n_concepts"], len(groups), len(texts),
+             f"one form each: {forms}" if selection == "forms" else "lowest perplexity of each pair",
+             len(kept), len(dropped), len(rows))
     if tracker is not None:
         tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         step = max(1, len(rows) // 20)

@@ -2,7 +2,8 @@
 
 What one iteration reports (i2d2.txt §3.3, §3.4, A.1.7):
   * prompts used, generations made, constraint-satisfaction rate;
-  * the critic: AP on held-out concepts (and the LM-perplexity ranker's AP), δ, precision/recall at δ;
+  * the critic: test-split AP (beside the surface-only floor and the LM-perplexity ranker), δ from the dev split,
+    precision/recall at δ on test with the counts kept, the invariance-probe shift;
   * the generator's *critic-accepted rate before filtering* — the share of all generations with critic score
     > δ (the paper's 45% → 58% → 62% measure); with human labels for this iteration's generations (imported
     into the run's labels store) also their human-judged accuracy;
@@ -31,7 +32,10 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- diversity
 
 def _norm(text: str) -> str:
-    return " ".join(str(text).lower().split())
+    """Case, hyphens, punctuation and spacing folded (i2d2.filtering.dedupe_key)."""
+    from i2d2.filtering import dedupe_key
+
+    return dedupe_key(text)
 
 
 def mark_recapture(rows: Sequence[Mapping], fraction: float = 0.3, bleu_threshold: float = 0.85, seed: int = 0,
@@ -114,7 +118,8 @@ def human_labels(store_rows: Sequence[Mapping]) -> dict[str, int]:
 
 def human_eval(rows: Sequence[Mapping], labels: Mapping[str, int], delta: float) -> dict | None:
     """Accuracy of the generator (before the critic) and the critic's PR on the labelled generations."""
-    hits = [(labels[_norm(r["statement"])], float(r["critic_score"])) for r in rows if _norm(r["statement"]) in labels]
+    hits = [(labels[_norm(r["statement"])], float(r["critic_score"])) for r in rows
+            if _norm(r["statement"]) in labels and r.get("critic_score") is not None]  # unfinished: never scored
     if not hits:
         return None
     y = np.array([h[0] for h in hits])
@@ -188,11 +193,22 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
         ("constraint satisfaction rate", m["constraint_satisfaction_rate"]),
         ("critic", f"`{m['critic_model']}`" + (f" (reused from iteration {m['critic_reused_from']})"
                                                if m.get("critic_reused_from") is not None else "")),
-        ("critic AP (held-out concepts)", m["critic_ap"]), ("LM-perplexity AP (same set)", m.get("critic_ap_perplexity")),
-        ("δ", m["delta"]), ("critic precision / recall at δ (held-out)",
-                            f"{_fmt(m.get('critic_precision'))} / {_fmt(m.get('critic_recall'))}"),
-        ("critic-accepted rate before filtering (score > δ)", m["accepted_rate"]),
-        ("human-judged accuracy of generations", m.get("human_accuracy")),
+        ("critic AP — test split", m["critic_ap"]),
+        ("surface-only floor AP — test split (critic must beat it by ≥ 0.15)", m.get("critic_surface_ap")),
+        ("LM-perplexity AP — test split", m.get("critic_ap_perplexity")),
+        ("δ — chosen on the dev split", m["delta"]),
+        ("critic precision / recall at δ — test split (kept / labelled)",
+         f"{_fmt(m.get('critic_precision'))} / {_fmt(m.get('critic_recall'))} "
+         f"({_fmt(m.get('critic_n_kept_test'))} / {_fmt(m.get('critic_n_test'))})"),
+        ("probe shift, mean abs Δ score under rewrites — probes.jsonl (must be < 0.1)", m.get("critic_probe_shift")),
+        ("probe AP — probes.jsonl", m.get("critic_probe_ap")),
+        ("critic-accepted rate before filtering (score > δ) — a critic proxy, not accuracy", m["accepted_rate"]),
+        ("human-judged accuracy of this iteration's labelled generations (labels store)", m.get("human_accuracy")),
+        ("**person-judged accuracy, held-out concepts (blind)**",
+         "–" if m.get("heldout_accuracy") is None else
+         f"{_fmt(m['heldout_accuracy'])} ± {_fmt(m.get('heldout_ci95'))} (n={m.get('heldout_n_labelled')})"),
+        ("held-out generations: critic-accepted rate (proxy) / Self-BLEU",
+         f"{_fmt(m.get('heldout_critic_accepted_rate_proxy'))} / {_fmt(m.get('heldout_self_bleu'))}"),
         ("kept fraction (critic + constraints + de-dup)", m["kept_fraction"]),
         ("kept statements", m["n_kept"]),
         ("Self-BLEU of kept (sample)", m.get("self_bleu_kept")), ("Self-BLEU of all generations (sample)",
@@ -205,16 +221,19 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
     lines += [f"| {a} | {_fmt(b)} |" for a, b in rows]
     if len(hist) > 1:
         lines += ["", "## All iterations", "",
-                  "| iteration | generations | constraint sat. | critic AP | δ | accepted rate | human accuracy | kept | Self-BLEU | unique (MnR) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| iteration | generations | constraint sat. | critic AP (test) | δ (dev) | accepted rate (critic proxy) "
+                  "| person-judged accuracy, held-out (blind) | kept | Self-BLEU kept | Self-BLEU held-out | unique (MnR) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for h in hist:
             lines.append("| " + " | ".join(_fmt(h.get(c)) for c in (
                 "iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta", "accepted_rate",
-                "human_accuracy", "kept_fraction", "self_bleu_kept", "unique_estimate")) + " |")
+                "heldout_accuracy", "kept_fraction", "self_bleu_kept", "heldout_self_bleu", "unique_estimate")) + " |")
+        lines += ["", "Person-judged accuracy comes from `python -m i2d2.annotate export --blind` / `import --blind` "
+                  "(held-out concepts, no scores or iterations shown); `annotate accuracy` recomputes it after labelling."]
     if pr_png:
         lines += ["", "## Precision-recall, all iterations", "", f"![PR curves]({pr_png})",
                   "", "Curves use human labels of that iteration's generations where the run's labels store has them,"
-                  " otherwise the critic's held-out validation statements."]
+                  " otherwise the critic's test split (labelled generations of concepts it never trained on)."]
     for title, rows_ in samples.items():
         lines += ["", f"## {title}", "", "| critic score | constraints | statement |", "|---|---|---|"]
         lines += [f"| {r['critic_score']:.3f} | {'✓' if r.get('all_satisfied') else '✗'} | {_esc(r['statement'])} |"

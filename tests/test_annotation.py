@@ -88,11 +88,11 @@ def test_labels_accumulate_across_iterations(tmp_path):
               {"statement": "Ants can lift heavy loads.", "concept": "ant", "votes": ["true", "true", "false"],
                "label": ""}]
     assert merge_labels(store, second) == {"n_total": 3, "n_new": 1, "n_updated": 1}
-    rows = load_annotations(critic_annotation_paths(["generics_seed.jsonl"], run))
+    rows = load_annotations(critic_annotation_paths(["generics_gemma.jsonl"], run))
     by = {r["statement"]: r["y"] for r in rows}
     assert by["ants live in colonies"] == 1 and by["Ants can lift heavy loads."] == 1
     assert len(rows) > 400  # the seed set comes first, the store adds to it
-    assert critic_annotation_paths(["generics_seed.jsonl"], tmp_path / "fresh")[-1].name == "generics_seed.jsonl"
+    assert critic_annotation_paths(["generics_gemma.jsonl"], tmp_path / "fresh")[-1].name == "generics_gemma.jsonl"
 
 
 def test_import_reports_unknown_labels_with_line_numbers(tmp_path):

@@ -144,7 +144,7 @@ def test_choose_delta_reaches_requested_precision_with_most_recall():
         assert d["reached"] and d["precision"] >= target
         # brute force: no threshold reaching the target keeps more valid statements
         best = max(precision_recall_at(Y, S, t)[1] for t in np.r_[S - 1e-9, 1.0]
-                   if precision_recall_at(Y, S, t)[0] >= target)
+                   if (precision_recall_at(Y, S, t)[0] or 0.0) >= target)
         assert d["recall"] == pytest.approx(best)
     # worked example: keeping the top 3 gives precision 1.0; top 5 gives 0.8 (recall 4/6); top 7 gives 5/7
     d = choose_delta(Y, S, 0.8)
@@ -199,28 +199,35 @@ def test_tiny_critic_trains_and_writes_outputs(tiny_critic):
     import pandas as pd
 
     cfg, _, out, res = tiny_critic
-    for f in ("pr_curve.png", "score_histogram.png", "perplexity_histogram.png", "val_scores.jsonl",
-              "metrics.json", "split.json", "model/config.json", "model/critic_meta.json", "epochs/pr_curve.png"):
+    for f in ("pr_curve.png", "score_histogram.png", "perplexity_histogram.png", "dev_scores.jsonl",
+              "test_scores.jsonl", "probe_scores.jsonl", "metrics.json", "split.json", "model/config.json",
+              "model/critic_meta.json", "epochs/pr_curve.png"):
         assert (out / f).exists(), f
     assert not (out / "checkpoints").exists()  # removed once the model folder is in place
     assert (out / "pr_curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert res["n_train"] + res["n_val"] == 440
+    assert res["n_train"] + res["n_dev"] + res["n_test"] == 440
     split = json.loads((out / "split.json").read_text())
-    assert not set(split["train_concepts"]) & set(split["val_concepts"])
-    # the critic learnt something: training loss went down and it ranks held-out statements above chance
+    tr, dev, te = (set(split[f"{k}_concepts"]) for k in ("train", "dev", "test"))
+    assert not (tr & dev or tr & te or dev & te)
+    # the critic learnt something: training loss went down and it ranks test statements above chance
     log = pd.read_csv(next(out.glob("logs/*/metrics.csv")))
     epoch_loss = log["train/loss_epoch"].dropna().to_numpy()
     assert len(epoch_loss) == 3 and epoch_loss[-1] < epoch_loss[0]
-    assert res["ap"] > res["val_valid_rate"] + 0.05
-    # δ was chosen on validation to reach the target precision, and the reported numbers are those of score > δ
-    val = read_jsonl(out / "val_scores.jsonl")
-    y = np.array([r["y"] for r in val])
-    s = np.array([r["critic_score"] for r in val])
-    p, r, _ = precision_recall_at(y, s, res["delta"])
-    assert (p, r) == pytest.approx((res["precision"], res["recall"]))
-    if res["target_precision_reached"]:
-        assert p >= cfg.target_precision
-    assert res["ap_perplexity"] == pytest.approx(average_precision(y, -np.log([v["perplexity"] for v in val])))
+    assert res["ap"] > res["test_valid_rate"] + 0.05
+    # δ comes from dev alone; every reported number is that of score > δ on test
+    dev = read_jsonl(out / "dev_scores.jsonl")
+    d = choose_delta([r["y"] for r in dev], [r["critic_score"] for r in dev], cfg.target_precision)
+    assert res["delta"] == pytest.approx(d["delta"]) and res["sources"]["delta"] == "dev"
+    test = read_jsonl(out / "test_scores.jsonl")
+    assert {r["concept"] for r in test} == te and not {r["concept"] for r in dev} & te
+    y = np.array([r["y"] for r in test])
+    s = np.array([r["critic_score"] for r in test])
+    p, r, n = precision_recall_at(y, s, res["delta"])
+    assert (p, r, n) == (res["precision"], pytest.approx(res["recall"]), res["n_kept_test"])
+    assert res["ap"] == pytest.approx(average_precision(y, s))
+    assert res["ap_perplexity"] == pytest.approx(average_precision(y, -np.log([v["perplexity"] for v in test])))
+    # the surface floor and the probes are measured every time
+    assert 0.0 <= res["surface_ap"] <= 1.0 and res["probe_n"] >= 100 and res["probe_shift"] is not None
 
 
 def test_tiny_critic_scores_and_is_reused(tiny_critic):
@@ -228,7 +235,7 @@ def test_tiny_critic_scores_and_is_reused(tiny_critic):
     from critics.train import train_critic
 
     cfg, trainer_cfg, out, res = tiny_critic
-    val = read_jsonl(out / "val_scores.jsonl")
+    val = read_jsonl(out / "test_scores.jsonl")
     texts = [r["statement"] for r in val]
     scores = score_texts(res["model_dir"], texts, batch_size=7, progress=False)
     assert scores.shape == (len(texts),) and ((scores >= 0) & (scores <= 1)).all()
@@ -270,7 +277,7 @@ def test_killed_fit_resumes_from_last_checkpoint(tmp_path, caplog):
         res = train_critic({**cfg, "max_epochs": 2}, [small], out, trainer_cfg)
     assert "resuming training from" in caplog.text
     meta = json.loads((out / "model" / "critic_meta.json").read_text())
-    assert meta["epochs_trained"] == 2 and res["n_train"] + res["n_val"] <= 120
+    assert meta["epochs_trained"] == 2 and res["n_train"] + res["n_dev"] + res["n_test"] <= 120
     import pandas as pd
 
     second = pd.read_csv(out / "logs" / "version_1" / "metrics.csv")

@@ -20,7 +20,9 @@ TINY = [
     "decoding.beam_size=3", "decoding.num_return=3", "decoding.max_new_tokens=6", "decoding.batch_size=4",
     "data.perplexity.threshold=null", "data.sources.nouns.max_concepts=2", "data.sources.related.max_concepts=1",
     "data.sources.goals.max_concepts=1", "data.generation.shard_size=2", "task.max_prompts=6",
-    "task.filter.delta=0.0", "task.filter.require_constraints=false", "task.finetune.batch_size=4",
+    "task.filter.delta=0.0", "task.filter.require_constraints=false", "task.filter.require_sentence_end=false",
+    "task.heldout.nouns=[umbrella, ladder]", "task.heldout.goals=[plant a tree]", "task.heldout.prompts_per_concept=1",
+    "task.finetune.batch_size=4",
     "task.finetune.lr=1e-2", "task.finetune.ckpt_every_n_steps=1", "task.report.self_bleu_sample=20",
     "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
 ]

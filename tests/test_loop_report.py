@@ -24,7 +24,7 @@ def test_mark_recapture_estimates_unique_population():
 def test_human_eval_uses_labels_of_this_iterations_generations():
     rows = [{"statement": "Dogs bark.", "critic_score": 0.9}, {"statement": "Cats bark.", "critic_score": 0.7},
             {"statement": "Unlabelled one.", "critic_score": 0.1}]
-    out = human_eval(rows, {"dogs bark.": 1, "cats bark.": 0}, delta=0.8)
+    out = human_eval(rows, {"dogs bark": 1, "cats bark": 0}, delta=0.8)  # keys: i2d2.filtering.dedupe_key
     assert out["n_labelled"] == 2 and out["human_accuracy"] == 0.5 and out["human_precision_at_delta"] == 1.0
     assert human_eval(rows, {"other": 1}, 0.5) is None
 

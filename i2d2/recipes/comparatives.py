@@ -33,7 +33,7 @@ from i2d2.io import DataError, fingerprint, read_jsonl, run_stage, write_json, w
 
 log = logging.getLogger(__name__)
 
-SEED_ANNOTATIONS = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "annotations_seed.jsonl"
+SEED_ANNOTATIONS = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "annotations_gemma.jsonl"
 FILTER_STAGES = ("dedup", "groups", "contradiction")
 
 
@@ -157,6 +157,7 @@ def critic_cfg(cfg) -> dict:
     over = _plain(cfg.task.filters.discriminator.get("critic")) or {}
     merged = {**base, **over}
     merged.pop("seed_annotations", None)
+    merged["probes"] = over.get("probes", False)  # the invariance probes are generics; none for comparatives yet
     return merged
 
 
@@ -194,7 +195,8 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
     return {**summary, "critic": {k: critic.get(k) for k in ("ap", "ap_perplexity", "delta", "precision", "recall",
-                                                             "p_at_r", "n_train", "n_val")}}
+                                                             "p_at_r", "n_train", "n_dev", "n_test",
+                                                             "surface_ap", "n_kept_test", "sources")}}
 
 
 # ----------------------------------------------------------------------------- the iteration

@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation"}
+FILTER_FORMAT = 2  # 2: unfinished generations dropped before the critic (drop_reason "unfinished"), near-duplicates
+TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation",
+             "heldout"}
 
 
 class ConfigError(ValueError):
@@ -361,7 +363,7 @@ def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
     from i2d2.annotation import critic_annotation_paths
 
     out = it_dir / "critic"
-    paths = critic_annotation_paths(list(_get(cfg.critic, "seed_annotations", ["generics_seed.jsonl"])), cfg.run_dir)
+    paths = critic_annotation_paths(list(_get(cfg.critic, "seed_annotations", ["generics_gemma.jsonl"])), cfg.run_dir)
     labels_fp = fingerprint("critic", *paths, _plain(cfg.critic))
     policy = _get(cfg.task, "critic.refresh", "new_labels")
     source = None  # the iteration whose critic to reuse
@@ -380,7 +382,8 @@ def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
     def fn(d: Path) -> dict:
         if source is not None:
             j, info = source
-            for f in ("metrics.json", "val_scores.jsonl", "pr_curve.png", "score_histogram.png"):
+            for f in ("metrics.json", "dev_scores.jsonl", "test_scores.jsonl", "probe_scores.jsonl", "pr_curve.png",
+                      "score_histogram.png"):
                 src = Path(cfg.run_dir) / f"iter_{j}" / "critic" / f
                 if src.exists():
                     shutil.copyfile(src, d / f)
@@ -415,7 +418,7 @@ def truncate(text: str, mode: str = "sentence") -> str:
 def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks) -> dict:
     from critics.scoring import score_texts
     from i2d2.annotation import export_for_annotation, labels_store
-    from i2d2.filtering import threshold_filter, write_filtered
+    from i2d2.filtering import ends_sentence, threshold_filter, write_filtered
     from trainers.lm_finetune import join_statement
 
     out = it_dir / "filtered"
@@ -423,7 +426,8 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     fcfg = _plain(cfg.task.filter)
     delta = float(fcfg["delta"]) if fcfg.get("delta") is not None else float(critic["delta"])
     acfg = _plain(cfg.task.get("annotation") or {})
-    fp = fingerprint("filter", gens, critic.get("model_dir"), delta, fcfg, acfg)
+    # the critic's weights, not its path; the format version changes when the stage's output format does
+    fp = fingerprint("filter", FILTER_FORMAT, gens, Path(critic["model_dir"]), delta, fcfg, acfg)
 
     def fn(d: Path) -> dict:
         rows = read_jsonl(gens, required=("prompt_id",))  # an empty generation is a row too (dropped below)
@@ -435,11 +439,17 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
                 r["generation_raw"], r["generation"] = r["generation"], cut
             r["statement"] = join_statement(r.get("prompt", ""), r["generation"])
         n_empty = sum(not r["generation"] for r in rows)
+        unfinished = []
+        if fcfg.get("require_sentence_end", True):  # cut off by max_new_tokens: not a statement
+            unfinished = [{**r, "critic_score": None, "drop_reason": "unfinished"} for r in rows
+                          if r["generation"] and not ends_sentence(r["generation"])]
+            rows = [r for r in rows if not r["generation"] or ends_sentence(r["generation"])]
         scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
                              batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
         kept, dropped = threshold_filter(rows, scores, delta)
         for r in dropped:
             r["drop_reason"] = "critic"
+        dropped += unfinished
         for r in [r for r in kept if not r["generation"]]:  # nothing left after truncation
             kept.remove(r)
             dropped.append({**r, "drop_reason": "empty"})
@@ -453,22 +463,22 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
         else:
             n_unsat = 0
         n_dup = 0
-        if fcfg.get("dedupe", True):
-            best: dict[str, dict] = {}
-            for r in kept:
-                key = " ".join(r["statement"].lower().split())
-                if key not in best or r["critic_score"] > best[key]["critic_score"]:
-                    best[key] = r
-            chosen = {id(r) for r in best.values()}
-            for r in kept:
-                if id(r) not in chosen:
-                    dropped.append({**r, "drop_reason": "duplicate"})
-            n_dup = len(kept) - len(best)
-            kept = [r for r in kept if id(r) in chosen]
+        if fcfg.get("dedupe", True):  # one statement per near-duplicate cluster of a concept, the best-scored
+            from i2d2.filtering import near_duplicates
+
+            rep = near_duplicates([r["statement"] for r in kept], [r.get("concept", "") for r in kept],
+                                  threshold=float(fcfg.get("near_duplicate_ratio", 90)),
+                                  order=[r["critic_score"] for r in kept])
+            for i, r in enumerate(kept):
+                if rep[i] != i:
+                    dropped.append({**r, "drop_reason": "duplicate", "duplicate_of": kept[rep[i]]["statement"]})
+            n_dup = int((rep != np.arange(len(kept))).sum())
+            kept = [r for i, r in enumerate(kept) if rep[i] == i]
         summary = write_filtered(d, kept, dropped, delta=delta, tracker=tracker)
         write_jsonl(d / "scores.jsonl", [{"prompt_id": r["prompt_id"], "rank_in_prompt": r.get("rank_in_prompt"),
                                           "critic_score": float(s)} for r, s in zip(rows, scores)])
         summary.update(accepted_rate=accepted / len(rows) if rows else 0.0, n_dropped_constraints=n_unsat,
+                       n_dropped_unfinished=len(unfinished),
                        n_truncated=sum("generation_raw" in r for r in rows), n_empty=n_empty,
                        n_dropped_duplicates=n_dup, delta_source="task.filter.delta" if fcfg.get("delta") is not None
                        else "critic")
@@ -483,6 +493,68 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
         return summary
 
     return stage(ranks, out, fp, fn, "filter")
+
+
+def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, critic: dict, delta: float, tracker,
+                  ranks: Ranks) -> dict:
+    """P_k's generations for the fixed held-out concepts (``task.heldout``), unfiltered: what a person judges
+    blind (``annotate export --blind``) to measure accuracy per iteration. Prompts are built once, with P_0, in
+    iteration 0 and reused. The critic's score is stored as a proxy only; no critic trains on these concepts."""
+    from critics.scoring import score_texts
+    from i2d2.generation import generate_stage, read_generations
+    from i2d2.prompts import build_generic_prompts, heldout_concepts
+    from i2d2.report import diversity
+    from trainers.lm_finetune import join_statement
+
+    hcfg = _plain(cfg.task.get("heldout") or {})
+    if not (hcfg.get("nouns") or hcfg.get("goals")):
+        return {}
+    out = it_dir / "heldout"
+    prompts0 = Path(cfg.run_dir) / "iter_0" / "heldout" / "prompts.jsonl"
+    decoding = _plain(cfg.decoding)
+    mode = _get(cfg.task, "filter.truncate", "sentence")
+    source = (_plain(cfg.data), str(cfg.model.name)) if k == 0 else prompts0
+    fp = fingerprint("heldout", hcfg, source, decoding, model_key, Path(critic["model_dir"]), delta, mode,
+                     int(cfg.seed))
+
+    def fn(d: Path) -> dict:
+        model, tok = lm()
+        if k == 0:
+            build_generic_prompts(cfg.data, model, tok, d / "pool.jsonl", concepts=heldout_concepts(hcfg))
+            pool = read_jsonl(d / "pool.jsonl")
+            n = len({p["concept"] for p in pool}) * int(hcfg.get("prompts_per_concept", 2))
+            write_jsonl(d / "prompts.jsonl", sample_prompts(pool, n, np.random.default_rng(int(cfg.seed))))
+        else:
+            if not prompts0.exists():
+                raise MissingIterationError(f"iteration {k} reuses iteration 0's held-out prompts, but {prompts0} is missing")
+            shutil.copyfile(prompts0, d / "prompts.jsonl")
+        model.to(_device(cfg)).eval()
+        generate_stage(model, tok, d / "prompts.jsonl", d / "generations", decoding,
+                       shard_size=int(_get(cfg.data, "generation.shard_size", 64)), rank=0, world_size=1)
+        prompts = {p["prompt_id"]: p for p in read_jsonl(d / "prompts.jsonl")}
+        rows = []
+        for g in read_generations(d / "generations"):
+            p = prompts[g["prompt_id"]]
+            text = truncate(g.get("generation") or "", mode)
+            rows.append({"prompt_id": g["prompt_id"], "concept": p["concept"], "prompt": p["prompt"],
+                         "form": p.get("form"), "generation": text, "statement": join_statement(p["prompt"], text),
+                         "rank_in_prompt": g.get("rank_in_prompt"), "all_satisfied": g.get("all_satisfied")})
+        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
+                             batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
+        for r, sc in zip(rows, scores):
+            r["critic_score"] = float(sc)
+        write_jsonl(d / "statements.jsonl", rows)
+        rcfg = _plain(cfg.task.get("report") or {})
+        div = diversity(rows, int(rcfg.get("self_bleu_sample", 200)), int(cfg.seed),
+                        float(rcfg.get("mnr_fraction", 0.3)), float(rcfg.get("mnr_bleu", 0.85)))
+        summary = {"n_prompts": len(prompts), "n_concepts": len({p["concept"] for p in prompts.values()}),
+                   "n_generations": len(rows), "critic_accepted_rate_proxy": float(np.mean(scores > delta)) if rows else None,
+                   "self_bleu": div["self_bleu"], "distinct_fraction": div["distinct_fraction"]}
+        if tracker is not None:
+            tracker.log_metrics({f"heldout/{a}": b for a, b in summary.items() if b is not None})
+        return summary
+
+    return stage(ranks, out, fp, fn, "heldout")
 
 
 def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks: Ranks) -> dict:
@@ -512,9 +584,9 @@ def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks:
 
 
 def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict, ft: dict, prompts: dict,
-                 generator: str, tracker) -> dict:
+                 held: dict, generator: str, tracker) -> dict:
     from critics.data import load_annotations
-    from i2d2.annotation import labels_store
+    from i2d2.annotation import heldout_accuracy, labels_store
     from i2d2.report import diversity, human_eval, human_labels, write_report
 
     rcfg = _plain(cfg.task.get("report") or {})
@@ -533,9 +605,12 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
     if human is not None:
         pr = {"source": "human labels", "y": human["y"], "scores": human["scores"]}
     else:
-        val = read_jsonl(it_dir / "critic" / "val_scores.jsonl") if (it_dir / "critic" / "val_scores.jsonl").exists() else []
-        pr = {"source": "critic validation", "y": [int(r["y"]) for r in val], "scores": [float(r["critic_score"]) for r in val]}
+        test = it_dir / "critic" / "test_scores.jsonl"
+        test = read_jsonl(test) if test.exists() else []
+        pr = {"source": "critic test split (labelled generations of test concepts)", "y": [int(r["y"]) for r in test],
+              "scores": [float(r["critic_score"]) for r in test]}
     n_gen = int(gen.get("n_generations", len(everything)))
+    acc = next((r for r in heldout_accuracy(cfg.run_dir) if r["iteration"] == k), {})  # person-judged, blind
     metrics = {
         "iteration": k, "generator": generator, "next_model": str(model_dir(cfg.run_dir, k)),
         "n_prompts": int(gen.get("n_prompts", prompts.get("n_prompts", 0))), "n_generations": n_gen,
@@ -544,6 +619,10 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         "critic_model": critic.get("model_dir"), "critic_reused_from": critic.get("reused_from"),
         "critic_ap": critic.get("ap"), "critic_ap_perplexity": critic.get("ap_perplexity"),
         "critic_precision": critic.get("precision"), "critic_recall": critic.get("recall"),
+        "critic_n_kept_test": critic.get("n_kept_test"), "critic_n_test": critic.get("n_test"),
+        "critic_n_test_concepts": critic.get("n_test_concepts"), "critic_surface_ap": critic.get("surface_ap"),
+        "critic_surface_auc_gap": critic.get("surface_auc_gap"), "critic_probe_shift": critic.get("probe_shift"),
+        "critic_probe_ap": critic.get("probe_ap"), "critic_dev_precision": critic.get("dev_precision"),
         "delta": float(filt["delta"]), "accepted_rate": float(filt["accepted_rate"]),
         "kept_fraction": float(filt["keep_rate"]), "n_kept": int(filt["n_kept"]),
         "n_dropped_constraints": filt.get("n_dropped_constraints"), "n_dropped_duplicates": filt.get("n_dropped_duplicates"),
@@ -556,6 +635,10 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         "mnr_kept": div_kept["mnr"],
         "finetune_n_train": ft.get("n_train"), "finetune_steps": ft.get("steps"), "finetune_loss": ft.get("train_loss"),
         "n_to_label": filt.get("n_to_label"),
+        "heldout_n_generations": held.get("n_generations"), "heldout_self_bleu": held.get("self_bleu"),
+        "heldout_critic_accepted_rate_proxy": held.get("critic_accepted_rate_proxy"),
+        "heldout_accuracy": acc.get("accuracy"), "heldout_n_labelled": acc.get("n_labelled"),
+        "heldout_ci95": acc.get("ci95"),
     }
     out = write_report(it_dir, Path(cfg.run_dir), metrics, kept, dropped, pr, tracker=tracker,
                        n_samples=int(rcfg.get("samples", 10)), seed=seed)
@@ -615,10 +698,13 @@ def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
     gen = timed("generation", lambda: generation_stage(cfg, it_dir, prompts_path, model_key, lm, tracker, ranks))
     critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, lm, tracker, ranks))
     filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
+    held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, critic, float(filt["delta"]),
+                                                  tracker, ranks))
     ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))
     result: dict = {"iteration": k}
     if ranks.zero:
-        result = timed("report", lambda: report_stage(cfg, k, it_dir, gen, critic, filt, ft, prompts, generator, tracker))
+        result = timed("report", lambda: report_stage(cfg, k, it_dir, gen, critic, filt, ft, prompts, held, generator,
+                                                      tracker))
         result["seconds"] = round(time.time() - t0, 1)
         result["stage_seconds"] = timings
         write_json(it_dir / "report" / "timings.json", {"wall_seconds": {"total": result["seconds"], **timings},

@@ -1,0 +1,125 @@
+"""The surface-only floor a critic must clear, and the invariance probes it is checked on.
+
+``SurfaceClassifier``: logistic regression (scikit-learn) on features that say nothing about truth — leading
+adverb, article, length, commas, prompt type (noun/goal, related concept), relation phrase, prompt form. Trained
+on the critic's training labels and scored on its test split, it measures how much of the task a critic could
+solve from wording alone; a surface AUC much higher on train than on test means a cue that exists only in the
+training data.
+
+``score_probes``: meaning-preserving rewrites ("Generally, X" / "A X" / "Xs") must not move the critic's score,
+and short fluent falsehoods must score low. Probe rows (``i2d2/data/annotations/probes.jsonl``) are hand-written
+test inputs, never training data.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from i2d2.io import read_jsonl
+
+log = logging.getLogger(__name__)
+
+ADVERBS = ("generally", "typically", "usually", "often", "normally")
+ARTICLES = ("a", "an", "the")
+GOAL_PREFIXES = ("in order to", "before you", "after you", "while you")
+PROBES = Path(__file__).resolve().parent.parent / "i2d2" / "data" / "annotations" / "probes.jsonl"
+_WORD = re.compile(r"[\w'’]+", re.UNICODE)
+
+
+def surface_features(row: Mapping) -> dict:
+    """Features of a statement's wording and provenance only (``statement`` + optional ``kind``, ``relation``,
+    ``form``, ``related`` fields of an annotation row)."""
+    text = str(row.get("statement", ""))
+    words = [w.lower() for w in _WORD.findall(text)]
+    first = words[0] if words else ""
+    body = words[1:] if first in ADVERBS else words
+    article = body[0] if body and body[0] in ARTICLES else "none"
+    low = text.lower()
+    goal = any(low.startswith(p) for p in GOAL_PREFIXES) or row.get("kind") == "goal"
+    f = {
+        "adverb": float(first in ADVERBS), f"article={article}": 1.0, "n_words": float(len(words)),
+        "log_words": float(np.log1p(len(words))), "n_chars": len(text) / 50.0, "n_commas": float(text.count(",")),
+        "goal": float(goal), "has_related": float(bool(row.get("related"))),
+        "ends_period": float(text.rstrip().endswith(".")),
+        f"relation={str(row.get('relation') or '').lower()}": 1.0, f"form={row.get('form') or ''}": 1.0,
+    }
+    return f
+
+
+class SurfaceClassifier:
+    """``DictVectorizer`` + standardisation + logistic regression over ``surface_features``."""
+
+    def __init__(self, C: float = 1.0, seed: int = 0):
+        from sklearn.feature_extraction import DictVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        self.model = make_pipeline(DictVectorizer(sparse=False), StandardScaler(),
+                                   LogisticRegression(C=C, max_iter=2000, random_state=seed))
+
+    def fit(self, rows: Sequence[Mapping], y) -> "SurfaceClassifier":
+        self.model.fit([surface_features(r) for r in rows], np.asarray(y))
+        return self
+
+    def score(self, rows: Sequence[Mapping]) -> np.ndarray:
+        return self.model.predict_proba([surface_features(r) for r in rows])[:, 1]
+
+
+def auc(y, scores) -> float | None:
+    from sklearn.metrics import roc_auc_score
+
+    y = np.asarray(y)
+    return float(roc_auc_score(y, scores)) if len(set(y.tolist())) == 2 else None
+
+
+def surface_floor(train_rows, y_train, test_rows, y_test, seed: int = 0) -> dict:
+    """Fit on train; AP and AUC on test, AUC on train (the gap flags a train-only cue)."""
+    from critics.metrics import average_precision
+
+    clf = SurfaceClassifier(seed=seed).fit(train_rows, y_train)
+    s_train, s_test = clf.score(train_rows), clf.score(test_rows)
+    a_tr, a_te = auc(y_train, s_train), auc(y_test, s_test)
+    return {"surface_ap": average_precision(y_test, s_test), "surface_auc_train": a_tr, "surface_auc_test": a_te,
+            "surface_auc_gap": None if a_tr is None or a_te is None else a_tr - a_te,
+            "surface_scores": s_test}
+
+
+def score_probes(score_fn: Callable[[list[str]], np.ndarray], path: str | Path = PROBES,
+                 warn_shift: float = 0.1) -> dict:
+    """Score the probe set; returns mean |Δ score| over rewrite pairs (each variant against its group's first
+    row), the probes' AP (every probe has a truth label), and per-row scores. Logs a warning when the shift is
+    above ``warn_shift``."""
+    from critics.metrics import average_precision
+
+    rows = read_jsonl(path, required=("group", "statement", "y", "type"))
+    scores = np.asarray(score_fn([r["statement"] for r in rows]), dtype=float)
+    base: dict[str, float] = {}
+    shifts, by_rewrite = [], {}
+    for r, s in zip(rows, scores):
+        if r["type"] != "rewrite":
+            continue
+        if r["group"] not in base:
+            base[r["group"]] = s
+        else:
+            shifts.append(abs(s - base[r["group"]]))
+            by_rewrite.setdefault(r.get("rewrite", "rewrite"), []).append(abs(s - base[r["group"]]))
+    y = np.asarray([int(r["y"]) for r in rows])
+    false_probe = np.asarray([r["type"] == "falsehood" for r in rows])
+    out = {"probe_shift": float(np.mean(shifts)) if shifts else None,
+           "probe_shift_max": float(np.max(shifts)) if shifts else None,
+           "probe_shift_by_rewrite": {k: float(np.mean(v)) for k, v in by_rewrite.items()},
+           "probe_ap": average_precision(y, scores), "probe_n": len(rows), "probe_n_pairs": len(shifts),
+           "probe_false_mean_score": float(scores[false_probe].mean()) if false_probe.any() else None,
+           "probe_true_mean_score": float(scores[y == 1].mean()) if (y == 1).any() else None,
+           "rows": [{**r, "critic_score": float(s)} for r, s in zip(rows, scores)]}
+    if out["probe_shift"] is not None and out["probe_shift"] > warn_shift:
+        log.warning("!!! CRITIC PROBE SHIFT %.3f > %.2f: meaning-preserving rewrites (leading adverb, article, number) "
+                    "move the critic's score; it has learned wording, not truth. See probe_scores.jsonl.",
+                    out["probe_shift"], warn_shift)
+    return out

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Yield of true generics per prompt form, relational phrase and prompt kind, measured on labelled generations.
+
+The labelled set (``i2d2/data/annotations/generics_gemma.jsonl``) asks every (noun, phrase) pair in two forms
+drawn in rotation, so forms are compared on the same concepts. The choice is made on the critic's train + dev
+concepts (the same ``grouped_split3`` as critic training, so the test concepts choose nothing) and confirmed on
+the test concepts. Yield = share of judged statements (``dont_know`` left out) labelled ``true``; with it, the
+true statements per prompt (distinct after near-duplicate removal).
+
+    python scripts/prompt_form_yield.py            # prints tables, writes i2d2/data/annotations/prompt_form_yield.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def table(rows, key) -> dict:
+    out = {}
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get(key) or "–"), []).append(r)
+    for g, rs in sorted(groups.items()):
+        ys = [r["y"] for r in rs]
+        prompts = {r.get("prompt") for r in rs} | set()
+        labels = Counter(r["label"] for r in rs)
+        out[g] = {"n": len(rs), "yield": sum(ys) / len(ys), "true_per_prompt": sum(ys) / max(1, len(prompts)),
+                  "n_prompts": len(prompts), "labels": dict(labels.most_common())}
+    return out
+
+
+def markdown(name: str, t: dict) -> str:
+    lines = [f"| {name} | judged | true share (yield) | true per prompt | top labels |", "|---|---|---|---|---|"]
+    for g, v in sorted(t.items(), key=lambda kv: -kv[1]["yield"]):
+        top = ", ".join(f"{k} {c}" for k, c in list(v["labels"].items())[:3])
+        lines.append(f"| {g} | {v['n']} | {v['yield']:.3f} | {v['true_per_prompt']:.2f} | {top} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--labels", default=str(ROOT / "i2d2" / "data" / "annotations" / "generics_gemma.jsonl"))
+    ap.add_argument("--out", default=str(ROOT / "i2d2" / "data" / "annotations" / "prompt_form_yield.json"))
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    from critics.data import grouped_split3, load_annotations
+    from critics.train import DEFAULTS
+
+    rows = load_annotations([args.labels])
+    y = np.array([r["y"] for r in rows])
+    tr, dev, te = grouped_split3([r["concept"] for r in rows], y, DEFAULTS["dev_fraction"], DEFAULTS["test_fraction"],
+                                 DEFAULTS["seed"])
+    choose = [rows[i] for i in np.r_[tr, dev]]
+    confirm = [rows[i] for i in te]
+    result = {"labels": args.labels, "split": "critics.data.grouped_split3 with critics.train.DEFAULTS",
+              "choose": {"n": len(choose)}, "confirm": {"n": len(confirm)}}
+    for name, part in (("choose", choose), ("confirm", confirm)):
+        nouns = [r for r in part if r.get("kind") == "noun"]
+        goals = [r for r in part if r.get("kind") == "goal"]
+        result[name].update(by_form=table([r for r in nouns if not r.get("related")], "form"),
+                            by_relation=table(nouns, "relation"), by_goal_prefix=table(goals, "relation"),
+                            by_kind=table(
+                                [{**r, "kind": "related" if r.get("related") else r.get("kind")} for r in part], "kind"))
+    for name in ("choose", "confirm"):
+        print(f"\n## {name} ({'train + dev' if name == 'choose' else 'test'} concepts, n={result[name]['n']})\n")
+        for key in ("by_form", "by_relation", "by_goal_prefix", "by_kind"):
+            print(markdown(key[3:], result[name][key]) + "\n")
+    # the recommendation, from the choose split only: forms by yield; phrases / goal prefixes whose yield is at
+    # least the mean of their kind (with >= 30 judged statements)
+    c = result["choose"]
+    mean = {k: v["yield"] for k, v in c["by_kind"].items()}
+    result["recommend"] = {
+        "prompt_forms": [f for f, _ in sorted(c["by_form"].items(), key=lambda kv: -kv[1]["yield"])],
+        "relations": [r for r, v in sorted(c["by_relation"].items(), key=lambda kv: -kv[1]["yield"])
+                      if v["n"] >= 30 and v["yield"] >= mean["noun"]],
+        "goal_prefixes": [g for g, v in sorted(c["by_goal_prefix"].items(), key=lambda kv: -kv[1]["yield"])
+                          if v["n"] >= 30 and v["yield"] >= mean["goal"]]}
+    print("recommended (from train + dev concepts):", json.dumps(result["recommend"]))
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The critic's truth: labelled generations, three concept-grouped splits, the surface-only floor, the
+invariance probes, undefined precision, near-duplicates, prompt forms and the blind per-iteration evaluation."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from critics.data import ANNOTATION_DIR, grouped_split3, load_annotations
+from critics.metrics import precision_recall_at
+from critics.surface import PROBES, SurfaceClassifier, auc, surface_features, surface_floor
+from i2d2.io import read_jsonl, write_jsonl
+
+GEMMA = ANNOTATION_DIR / "generics_gemma.jsonl"
+LABELS = {"true", "false", "vague", "episodic", "ad_copy", "garbled", "dont_know"}
+
+
+# ----------------------------------------------------------------------------- the shipped label set
+
+def test_label_set_is_labelled_generations_with_guide_and_config():
+    rows = read_jsonl(GEMMA)
+    assert len(rows) >= 1500 and len({r["statement"] for r in rows}) == len(rows)
+    assert {r["label"] for r in rows} <= LABELS
+    assert len({r["concept"] for r in rows}) >= 150
+    kinds = [r["kind"] for r in rows]
+    assert kinds.count("goal") >= 0.08 * len(rows) and sum(bool(r.get("related")) for r in rows) >= 0.05 * len(rows)
+    assert all(r["annotator"] == "maintainers" for r in rows)
+    assert (ANNOTATION_DIR / "GUIDE.md").exists()
+    cfg = json.loads((ANNOTATION_DIR / "generics_gemma.config.json").read_text())
+    assert cfg["model"] == "packaged:gemma3-270m" and cfg["decoding"]["beam_size"] >= 1
+    # the default run's concepts and the fixed held-out concepts are not in it
+    excluded = set(cfg["excluded_concepts"])
+    assert excluded and not excluded & {r["concept"].lower() for r in rows}
+    loaded = load_annotations([GEMMA])  # every label is known to the default map
+    assert 0.15 < np.mean([r["y"] for r in loaded]) < 0.85
+
+
+def test_no_surface_cue_exists_only_in_the_training_split():
+    """A surface-only classifier fit on the critic's training split must not do much better there than on the
+    test split: a larger gap is a cue (adverb, article, length, comma, prompt type, relation) of the training
+    labels alone."""
+    from critics.train import DEFAULTS
+
+    rows = load_annotations([GEMMA])
+    y = np.array([r["y"] for r in rows])
+    tr, _, te = grouped_split3([r["concept"] for r in rows], y, DEFAULTS["dev_fraction"], DEFAULTS["test_fraction"],
+                               DEFAULTS["seed"])
+    out = surface_floor([rows[i] for i in tr], y[tr], [rows[i] for i in te], y[te])
+    assert out["surface_auc_train"] - out["surface_auc_test"] <= 0.05, out
+
+
+def test_surface_gap_test_can_fail_on_a_train_only_cue():
+    rng = np.random.default_rng(0)
+    def rows(n, cue):
+        out, ys = [], []
+        for i in range(n):
+            y = int(rng.random() < 0.5)
+            adverb = ("Generally, " if y == 0 else "") if cue else ("Generally, " if rng.random() < 0.5 else "")
+            out.append({"statement": f"{adverb}things of kind {i} do stuff number {rng.integers(9)}."})
+            ys.append(y)
+        return out, np.array(ys)
+    tr, ytr = rows(300, cue=True)
+    te, yte = rows(300, cue=False)
+    out = surface_floor(tr, ytr, te, yte)
+    assert out["surface_auc_train"] > 0.95 and out["surface_auc_train"] - out["surface_auc_test"] > 0.3
+
+
+def test_surface_features_see_wording_only():
+    f = surface_features({"statement": "Generally, the dogs bark, loudly.", "relation": "are", "kind": "noun"})
+    assert f["adverb"] == 1.0 and f["article=the"] == 1.0 and f["n_commas"] == 2.0 and f["relation=are"] == 1.0
+    g = surface_features({"statement": "In order to bake bread, you need flour."})
+    assert g["goal"] == 1.0 and g["article=none"] == 1.0
+    clf = SurfaceClassifier().fit([{"statement": "A b."}, {"statement": "Generally, c d e f."}], [1, 0])
+    assert clf.score([{"statement": "A b."}]).shape == (1,)
+    assert auc([1, 1], [0.2, 0.3]) is None
+
+
+# ----------------------------------------------------------------------------- splits, δ, undefined precision
+
+def test_three_splits_are_disjoint_by_concept_and_cover_everything():
+    rng = np.random.default_rng(1)
+    concepts = [f"c{rng.integers(60)}" for _ in range(900)]
+    y = rng.integers(0, 2, 900)
+    tr, dev, te = grouped_split3(concepts, y, 0.15, 0.2, seed=3)
+    assert sorted(np.r_[tr, dev, te].tolist()) == list(range(900))
+    sets = [{concepts[i] for i in idx} for idx in (tr, dev, te)]
+    assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+    assert 0.12 < len(sets[2]) / 60 < 0.3 and 0.08 < len(sets[1]) / 60 < 0.25
+    for idx in (tr, dev, te):
+        assert set(y[idx].tolist()) == {0, 1}
+
+
+def test_precision_of_an_empty_kept_set_is_undefined():
+    p, r, n = precision_recall_at([1, 0, 1], [0.2, 0.3, 0.4], 0.9)
+    assert p is None and r == 0.0 and n == 0
+
+
+# ----------------------------------------------------------------------------- probes
+
+def test_probe_set_pairs_rewrites_and_falsehoods():
+    rows = read_jsonl(PROBES)
+    groups = {}
+    for r in rows:
+        groups.setdefault(r["group"], []).append(r)
+    rewrites = [g for g in groups.values() if g[0]["type"] == "rewrite"]
+    assert len(rewrites) >= 20 and all(len(g) >= 4 and len({r["y"] for r in g}) == 1 for g in rewrites)
+    assert any(r["statement"].startswith("Generally,") for r in rows)
+    assert sum(r["type"] == "falsehood" for r in rows) >= 20
+    assert "The moon is made of cheese." in {r["statement"] for r in rows}
+
+
+def test_probe_shift_measures_wording_sensitivity(caplog):
+    import logging
+
+    from critics.surface import score_probes
+
+    flat = score_probes(lambda texts: np.full(len(texts), 0.7))
+    assert flat["probe_shift"] == 0.0 and flat["probe_n_pairs"] >= 80
+    with caplog.at_level(logging.WARNING):
+        adverb_hater = score_probes(lambda texts: np.array([0.01 if t.startswith(("Generally", "Typically", "Usually"))
+                                                            else 0.99 for t in texts]))
+    assert adverb_hater["probe_shift"] > 0.1 and "PROBE SHIFT" in caplog.text
+
+
+# ----------------------------------------------------------------------------- near-duplicates
+
+def test_near_duplicates_fold_case_hyphens_and_close_wordings():
+    from i2d2.filtering import dedupe_key, near_duplicates
+
+    assert dedupe_key("Well-known DOGS bark!") == "well known dogs bark"
+    texts = ["The hotel was small, but we were very happy with our room.",
+             "The hotel was small, but we were very pleased with our room.",
+             "Dogs bark.", "dogs-bark", "Cats purr.", "Dogs bark."]
+    rep = near_duplicates(texts, ["h", "h", "d", "d", "c", "x"], order=[0.1, 0.9, 0.5, 0.6, 0.1, 0.1])
+    assert rep.tolist() == [1, 1, 3, 3, 4, 5]  # best-scored represents; other concepts never merge
+
+
+# ----------------------------------------------------------------------------- prompt forms
+
+def test_prompt_forms_select_the_preferred_surface_form():
+    from i2d2.concepts import Concept
+    from i2d2.prompts import noun_variants, select_by_form
+
+    data = {"articles": ["a", "an", "the"], "adverbs": ["Generally", "Typically"], "modal_verbs": ["can", "may"]}
+    groups = [noun_variants(Concept("bicycle"), "can", data), noun_variants(Concept("bicycle"), "is", data),
+              noun_variants(Concept("owl"), "are", data)]
+    chosen, missing = select_by_form(groups, ["bare_plural", "indefinite"])
+    assert [v.text for v in chosen] == ["Bicycles can", "A bicycle is", "Owls are"] and missing == 0
+    chosen, missing = select_by_form(groups, ["adverb+indefinite"])
+    assert [v.text for v in chosen] == ["Generally, a bicycle can", "Generally, a bicycle is"] and missing == 1
+    assert {v.form for g in groups for v in g} >= {"bare_plural", "indefinite", "definite", "adverb+bare_plural"}
+
+
+def test_default_prompt_form_is_set_from_measured_yield():
+    from hydra import compose, initialize_config_dir
+
+    from i2d2 import config  # noqa: F401
+    from i2d2.prompts import check_prompt_selection
+
+    with initialize_config_dir(str(ANNOTATION_DIR.parents[2] / "conf"), version_base="1.3"):
+        cfg = compose("train")
+    selection, forms = check_prompt_selection(cfg.data)
+    yields = json.loads((ANNOTATION_DIR / "prompt_form_yield.json").read_text())
+    assert selection == "forms"
+    best = max(yields["choose"]["by_form"].items(), key=lambda kv: kv[1]["yield"])[0]
+    assert forms[0] == best
+    with pytest.raises(ValueError, match="data.prompt_forms"):
+        check_prompt_selection({"prompt_selection": "forms", "prompt_forms": ["plural"]})
+
+
+# ----------------------------------------------------------------------------- blind per-iteration evaluation
+
+def _fake_run(tmp_path):
+    for k, texts in enumerate([["Dogs bark.", "Dogs fly.", "Cats purr."], ["Dogs bark.", "Owls hoot.", "Cats are."]]):
+        d = tmp_path / f"iter_{k}" / "heldout"
+        d.mkdir(parents=True)
+        write_jsonl(d / "statements.jsonl", [{"statement": t, "concept": t.split()[0].lower(), "critic_score": 0.5 + k / 10,
+                                              "prompt_id": f"p{i}"} for i, t in enumerate(texts)])
+    return tmp_path
+
+
+def test_blind_export_carries_no_score_or_iteration_and_imports_back(tmp_path):
+    from i2d2.annotation import export_blind, heldout_accuracy, heldout_store, import_blind
+
+    run = _fake_run(tmp_path / "run")
+    out = tmp_path / "blind.csv"
+    items = export_blind(run, out, n_per_iteration=3, seed=0)
+    with open(out, newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ["item_id", "statement", "label"]
+        rows = list(reader)
+    assert len(rows) == 5  # "Dogs bark." came from both iterations: one item
+    text = out.read_text()
+    for leak in ("0.5", "0.6", "iter", "critic", "p0"):
+        assert leak not in text
+    assert all(len(r["item_id"]) == 12 for r in rows)
+    truth = {"Dogs bark.": "true", "Dogs fly.": "false", "Cats purr.": "true", "Owls hoot.": "true", "Cats are.": "garbled"}
+    for r in rows:
+        r["label"] = truth[r["statement"]]
+    with open(tmp_path / "done.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, ["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    labelled = import_blind(tmp_path / "done.csv", run)
+    assert len(labelled) == 5 and heldout_store(run).exists()
+    assert not (run / "annotations" / "labels.jsonl").exists()  # never where a critic would train on it
+    acc = {r["iteration"]: r for r in heldout_accuracy(run)}
+    assert acc[0]["accuracy"] == pytest.approx(2 / 3) and acc[1]["accuracy"] == pytest.approx(2 / 3)
+    assert acc[0]["n_labelled"] == 3
+    # a second export skips what is labelled already
+    assert export_blind(run, tmp_path / "again.csv", n_per_iteration=3) == []
+
+
+def test_blind_import_rejects_unknown_items(tmp_path):
+    from i2d2.annotation import export_blind, import_blind
+    from i2d2.io import DataError
+
+    run = _fake_run(tmp_path / "run")
+    export_blind(run, tmp_path / "b.csv", n_per_iteration=1)
+    (tmp_path / "bad.csv").write_text("item_id,statement,label\nnope,Dogs bark.,true\n")
+    with pytest.raises(DataError, match="bad.csv:2: item_id 'nope'"):
+        import_blind(tmp_path / "bad.csv", run)
