@@ -279,17 +279,17 @@ def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise",
     path = Path(path)
     raw = [(r.pop("_line"), r) for r in read_csv(path, required=("item_id", "label"))] \
         if path.suffix.lower() == ".csv" else _read_labelled(path)
-    rows = []
+    rows, unknown = [], []
     for lineno, row in raw:
         item = key.get(str(row.get("item_id", "")).strip())
         if item is None:
-            msg = f"{path}:{lineno}: item_id {row.get('item_id')!r} is not in {key_path}"
-            if on_error == "raise":
-                raise DataError(msg)
-            if errors is not None:
-                errors.append(msg)
-            continue
-        rows.append({**row, "concept": item["concept"], "statement": item["statement"]})
+            unknown.append(f"{path}:{lineno}: item_id {row.get('item_id')!r} is not in {key_path}")
+        else:
+            rows.append({**row, "concept": item["concept"], "statement": item["statement"]})
+    if unknown and on_error == "raise":
+        raise DataError(unknown[0])
+    if errors is not None:
+        errors.extend(unknown)
     tmp = Path(path).with_name("." + Path(path).name + ".mapped.jsonl")
     write_jsonl(tmp, rows)
     try:

@@ -58,8 +58,8 @@ def resolve_critic(cfg, upto: int | None) -> dict:
     g, run_dir = cfg.generate, Path(cfg.run_dir)
     if g.get("critic"):
         path = Path(g.critic)
-        if not (path / "config.json").exists():
-            raise GenerateError(f"generate.critic={path}: not a critic model folder (no config.json)")
+        if not (path / "critic_meta.json").exists() and not (path / "config.json").exists():
+            raise GenerateError(f"generate.critic={path}: not a critic model folder (no critic_meta.json or config.json)")
         meta = path.parent / "metrics.json"
         delta = json.loads(meta.read_text()).get("delta") if meta.exists() else None
         return {"model_dir": str(path), "delta": delta}
@@ -128,7 +128,8 @@ def generate(cfg: DictConfig) -> list[dict]:
         build_generic_prompts(OmegaConf.create(data), model, tok, work / "all_prompts.jsonl")
         prompts = read_jsonl(work / "all_prompts.jsonl")
         by_concept: dict[str, list[dict]] = {}
-        for p in sorted(prompts, key=lambda r: r.get("perplexity", 0.0)):
+        # lowest perplexity first under the paper's rule; with measured forms the file order (phrases by yield)
+        for p in sorted(prompts, key=lambda r: r.get("perplexity") or 0.0):
             by_concept.setdefault(p["concept"], [])
             if len(by_concept[p["concept"]]) < int(g.prompts_per_concept):
                 by_concept[p["concept"]].append(p)

@@ -51,6 +51,11 @@ def main(argv=None):
     ap.add_argument("--forms", nargs="+", default=FORMS)
     ap.add_argument("--prefixes-per-goal", type=int, default=2)
     ap.add_argument("--related-per-concept", type=int, default=1)
+    ap.add_argument("--related-only", action="store_true",
+                    help="nouns with related concepts get only related-concept prompts (a top-up of that kind)")
+    ap.add_argument("--exclude-from", nargs="*", default=[],
+                    help="to_label.jsonl files of earlier parts: their statements (and near-duplicates) are not repeated")
+    ap.add_argument("--parts", nargs="*", default=[], help="with --merge: the part folders to join (default: --out)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--shard-size", type=int, default=16)
     ap.add_argument("--chunks", type=int, default=8, help="files to split to_label.jsonl into for labelling")
@@ -64,7 +69,7 @@ def main(argv=None):
     from i2d2.concepts import load_concepts, load_phrases, resolve_path
     from i2d2.filtering import near_duplicates
     from i2d2.generation import generate_stage, read_generations
-    from i2d2.io import write_json, write_jsonl
+    from i2d2.io import read_jsonl, write_json, write_jsonl
     from i2d2.models import load_causal_lm
     from i2d2.prompts import _engine, build_constraints, goal_variants, heldout_keys, noun_variants
     from i2d2.recipes.generics import truncate
@@ -72,7 +77,7 @@ def main(argv=None):
 
     out = Path(args.out)
     if args.merge:
-        return merge(out)
+        return merge([Path(p) for p in args.parts] or [out])
     cfg = compose(list(args.overrides))
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -119,9 +124,14 @@ def main(argv=None):
                 for f in picks:
                     todo.append((rng.choice(by_form[f]), None))
             if c.related:
+                plain_prompts = todo
+                if args.related_only:
+                    todo = []
                 for r in rng.sample(c.related, min(args.related_per_concept, len(c.related))):
-                    v = todo[rng.randrange(len(todo))][0]
-                    todo.append((v, r))
+                    if args.related_only:  # every (phrase, form) of this concept, with the related clause
+                        todo += [(v, r) for v, _ in plain_prompts]
+                    else:
+                        todo.append((plain_prompts[rng.randrange(len(plain_prompts))][0], r))
         for v, rel in todo:
             rows.append(dict(prompt_id=f"L{len(rows):05d}", prompt=v.text,
                              constraints=build_constraints(v, rel, data_all["constraints"], engine),
@@ -152,9 +162,12 @@ def main(argv=None):
                       "related": p["related"], "form": p["form"], "relation": p["relation"],
                       "generation_rank": g.get("rank_in_prompt"), "all_satisfied": g.get("all_satisfied")})
     # one statement per near-duplicate cluster within a concept (case, hyphens, "happy" ~ "pleased")
-    rep = near_duplicates([r["statement"] for r in items], [r["concept"] for r in items])
+    earlier = [r for p in args.exclude_from for r in read_jsonl(p)]
+    both = earlier + items  # earlier parts come first and win their clusters
+    rep = near_duplicates([r["statement"] for r in both], [r["concept"] for r in both],
+                          order=[1.0] * len(earlier) + [0.0] * len(items))
     n_gen = len(items)
-    items = [r for i, r in enumerate(items) if rep[i] == i]
+    items = [r for i, r in enumerate(items) if rep[len(earlier) + i] == len(earlier) + i]
     rng.shuffle(items)
     write_jsonl(out / "to_label.jsonl", items)
     size = -(-len(items) // args.chunks)
@@ -165,27 +178,32 @@ def main(argv=None):
                  out / "to_label.jsonl")
 
 
-def merge(out: Path) -> None:
-    """Join ``to_label.jsonl`` with the chunk labels into ``i2d2/data/annotations/generics_gemma.jsonl`` (+ config)."""
+def merge(parts: list[Path]) -> None:
+    """Join each part's ``to_label.jsonl`` with its chunk labels into ``i2d2/data/annotations/generics_gemma.jsonl``
+    (+ ``generics_gemma.config.json``: the generation config of every part)."""
     import json
 
     from i2d2.io import read_jsonl, write_json, write_jsonl
 
-    items = read_jsonl(out / "to_label.jsonl")
-    labels = {}
-    for p in sorted((out / "chunks").glob("chunk_*.labels.jsonl")):
-        for r in read_jsonl(p):
-            labels[int(r["id"])] = r["label"]
-    missing = [i for i in range(len(items)) if i not in labels]
-    if missing:
-        raise SystemExit(f"{len(missing)} statements have no label yet (first ids: {missing[:10]})")
+    rows, configs = [], []
+    for out in parts:
+        items = read_jsonl(out / "to_label.jsonl")
+        labels = {int(r["id"]): r["label"] for p in sorted((out / "chunks").glob("chunk_*.labels.jsonl"))
+                  for r in read_jsonl(p)}
+        missing = [i for i in range(len(items)) if i not in labels]
+        if missing:
+            raise SystemExit(f"{out}: {len(missing)} statements have no label yet (first ids: {missing[:10]})")
+        rows += [{"statement": r["statement"], "label": labels[i], "concept": r["concept"], "prompt": r["prompt"],
+                  "kind": r["kind"], "related": r["related"], "form": r["form"], "relation": r["relation"],
+                  "generation_rank": r["generation_rank"], "annotator": "maintainers", "part": out.name}
+                 for i, r in enumerate(items)]
+        configs.append(json.loads((out / "generation_config.json").read_text()))
     dest = ROOT / "i2d2" / "data" / "annotations"
-    write_jsonl(dest / "generics_gemma.jsonl", [
-        {"statement": r["statement"], "label": labels[i], "concept": r["concept"], "prompt": r["prompt"],
-         "kind": r["kind"], "related": r["related"], "form": r["form"], "relation": r["relation"],
-         "generation_rank": r["generation_rank"], "annotator": "maintainers"} for i, r in enumerate(items)])
-    write_json(dest / "generics_gemma.config.json", json.loads((out / "generation_config.json").read_text()))
-    logging.info("wrote %d labelled statements to %s", len(items), dest / "generics_gemma.jsonl")
+    write_jsonl(dest / "generics_gemma.jsonl", rows)
+    excluded = sorted({c for cfg in configs for c in cfg["excluded_concepts"]})
+    write_json(dest / "generics_gemma.config.json", {"model": configs[0]["model"], "decoding": configs[0]["decoding"],
+                                                      "excluded_concepts": excluded, "parts": configs})
+    logging.info("wrote %d labelled statements to %s", len(rows), dest / "generics_gemma.jsonl")
 
 
 if __name__ == "__main__":

@@ -65,8 +65,8 @@ def main(argv=None):
     for name, part in (("choose", choose), ("confirm", confirm)):
         nouns = [r for r in part if r.get("kind") == "noun"]
         goals = [r for r in part if r.get("kind") == "goal"]
-        result[name].update(by_form=table([r for r in nouns if not r.get("related")], "form"),
-                            by_relation=table(nouns, "relation"), by_goal_prefix=table(goals, "relation"),
+        plain = [r for r in nouns if not r.get("related")]  # a required related concept is a confound of its own
+        result[name].update(by_form=table(plain, "form"), by_relation=table(plain, "relation"), by_goal_prefix=table(goals, "relation"),
                             by_kind=table(
                                 [{**r, "kind": "related" if r.get("related") else r.get("kind")} for r in part], "kind"))
     for name in ("choose", "confirm"):
@@ -80,7 +80,7 @@ def main(argv=None):
     result["recommend"] = {
         "prompt_forms": [f for f, _ in sorted(c["by_form"].items(), key=lambda kv: -kv[1]["yield"])],
         "relations": [r for r, v in sorted(c["by_relation"].items(), key=lambda kv: -kv[1]["yield"])
-                      if v["n"] >= 30 and v["yield"] >= mean["noun"]],
+                      if v["n"] >= 30 and v["yield"] >= mean["noun"]],  # mean over plain noun prompts
         "goal_prefixes": [g for g, v in sorted(c["by_goal_prefix"].items(), key=lambda kv: -kv[1]["yield"])
                           if v["n"] >= 30 and v["yield"] >= mean["goal"]]}
     print("recommended (from train + dev concepts):", json.dumps(result["recommend"]))

@@ -19,11 +19,12 @@ def _compose(overrides=()):
 def test_default_composition():
     cfg = _compose()
     assert cfg.iteration == 0 and cfg.task.name == "i2d2"
-    assert cfg.model.name == "packaged:gemma3-270m" and cfg.critic.name == "packaged:minilm"
+    assert cfg.model.name == "packaged:gemma3-270m" and cfg.critic.probe_lm == "packaged:gemma3-270m"
     assert cfg.trainer._target_ == "lightning.Trainer" and cfg.trainer.accelerator == "cpu"
     assert cfg.logger._target_.endswith("WandbLogger")
     assert cfg.decoding.length_penalty == 0.1 and "." in cfg.decoding.stop_strings  # paper α, one sentence each
-    assert cfg.data.perplexity.threshold > 0 and cfg.task.max_prompts  # the task sizes the CPU default run
+    assert cfg.data.prompt_selection == "forms" and cfg.data.perplexity.threshold is None  # measured forms, no ppl cut
+    assert cfg.task.max_prompts and cfg.critic.kind == "probe"  # the task sizes the CPU default run
 
 
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "deepspeed_stage2", "deepspeed_stage3"])

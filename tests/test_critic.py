@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from critics.metrics import average_precision, choose_delta, precision_at_recall
 from i2d2.filtering import filter_and_write, threshold_filter
 from i2d2.io import DataError, read_jsonl
 
-SEED = ANNOTATION_DIR / "generics_seed.jsonl"
+SEED = Path(__file__).parent / "fixtures" / "generics_seed_handwritten.jsonl"  # the old hand-written seed set
 
 
 def _jsonl(path, lines):

@@ -24,7 +24,7 @@ def test_label_set_is_labelled_generations_with_guide_and_config():
     assert {r["label"] for r in rows} <= LABELS
     assert len({r["concept"] for r in rows}) >= 150
     kinds = [r["kind"] for r in rows]
-    assert kinds.count("goal") >= 0.08 * len(rows) and sum(bool(r.get("related")) for r in rows) >= 0.05 * len(rows)
+    assert kinds.count("goal") >= 0.08 * len(rows) and sum(bool(r.get("related")) for r in rows) >= 0.10 * len(rows)
     assert all(r["annotator"] == "maintainers" for r in rows)
     assert (ANNOTATION_DIR / "GUIDE.md").exists()
     cfg = json.loads((ANNOTATION_DIR / "generics_gemma.config.json").read_text())
@@ -37,12 +37,14 @@ def test_label_set_is_labelled_generations_with_guide_and_config():
 
 
 def test_no_surface_cue_exists_only_in_the_training_split():
-    """A surface-only classifier fit on the critic's training split must not do much better there than on the
-    test split: a larger gap is a cue (adverb, article, length, comma, prompt type, relation) of the training
-    labels alone."""
+    """A surface-only classifier fit on the critic's training split must not do much better there (out of fold,
+    grouped by concept) than on the test split: a larger gap is a cue (adverb, article, length, comma, prompt type,
+    relation) of the training labels alone."""
     from critics.train import DEFAULTS
 
-    rows = load_annotations([GEMMA])
+    from i2d2.filtering import ends_sentence
+
+    rows = [r for r in load_annotations([GEMMA]) if ends_sentence(r["statement"])]  # critic.complete_only
     y = np.array([r["y"] for r in rows])
     tr, _, te = grouped_split3([r["concept"] for r in rows], y, DEFAULTS["dev_fraction"], DEFAULTS["test_fraction"],
                                DEFAULTS["seed"])
@@ -57,7 +59,8 @@ def test_surface_gap_test_can_fail_on_a_train_only_cue():
         for i in range(n):
             y = int(rng.random() < 0.5)
             adverb = ("Generally, " if y == 0 else "") if cue else ("Generally, " if rng.random() < 0.5 else "")
-            out.append({"statement": f"{adverb}things of kind {i} do stuff number {rng.integers(9)}."})
+            out.append({"statement": f"{adverb}things of kind {i} do stuff number {rng.integers(9)}.",
+                        "concept": f"c{i % 40}"})
             ys.append(y)
         return out, np.array(ys)
     tr, ytr = rows(300, cue=True)
@@ -221,3 +224,67 @@ def test_blind_import_rejects_unknown_items(tmp_path):
     (tmp_path / "bad.csv").write_text("item_id,statement,label\nnope,Dogs bark.,true\n")
     with pytest.raises(DataError, match="bad.csv:2: item_id 'nope'"):
         import_blind(tmp_path / "bad.csv", run)
+
+
+# ----------------------------------------------------------------------------- the probe critic
+
+def test_probe_critic_trains_scores_and_ignores_leading_adverbs(tmp_path):
+    from critics.scoring import score_texts
+    from critics.train import train_critic
+
+    sub = tmp_path / "labels.jsonl"
+    sub.write_text("".join(GEMMA.read_text().splitlines(keepends=True)[:400]))
+    cfg = {"kind": "probe", "probe_lm": "tiny:gpt2", "probe_layer": 1, "probe_C": [0.01, 0.1], "canonicalize": True,
+           "complete_only": True, "min_examples": 10, "eval_batch_size": 16}
+    res = train_critic(cfg, [sub], tmp_path / "critic")
+    model_dir = tmp_path / "critic" / "model"
+    meta = json.loads((model_dir / "critic_meta.json").read_text())
+    assert meta["kind"] == "probe" and meta["canonicalize"] and meta["C"] in (0.01, 0.1)
+    assert sorted(p.name for p in model_dir.iterdir()) == ["critic_meta.json", "probe.safetensors"]  # no pickle
+    assert res["n_unfinished_left_out"] > 0 and res["n_train"] + res["n_dev"] + res["n_test"] < 400
+    a, b = score_texts(model_dir, ["Generally, birds can fly.", "Birds can fly."], progress=False)
+    assert a == b  # canonicalised: the adverb is not seen
+    assert res["probe_shift_by_rewrite"]["generally"] == 0.0
+    test = read_jsonl(tmp_path / "critic" / "test_scores.jsonl")
+    again = score_texts(model_dir, [r["statement"] for r in test], progress=False)
+    np.testing.assert_allclose(again, [r["critic_score"] for r in test], atol=1e-5)
+    # reused, not refitted
+    assert train_critic(cfg, [sub], tmp_path / "critic")["fit_seconds"] is None
+
+
+def test_canonical_statement_strips_only_a_leading_hedge():
+    from critics.data import canonical_statement
+
+    assert canonical_statement("Generally, birds can fly.") == "Birds can fly."
+    assert canonical_statement("typically , a bird can fly.") == "A bird can fly."
+    assert canonical_statement("Birds generally fly.") == "Birds generally fly."
+    assert canonical_statement("Generally birds fly.") == "Generally birds fly."  # no comma: not the template's adverb
+
+
+def test_surface_floor_fires_on_the_old_hand_written_seed_set():
+    """The old seed set's labels were readable from wording alone; the same floor that the shipped labels pass
+    separates them almost perfectly, out of fold, by concept."""
+    from pathlib import Path
+
+    seed = Path(__file__).parent / "fixtures" / "generics_seed_handwritten.jsonl"
+    old = load_annotations([seed])
+    y_old = np.array([r["y"] for r in old])
+    tr, _, te = grouped_split3([r["concept"] for r in old], y_old, 0.15, 0.2, 0)
+    out = surface_floor([old[i] for i in tr], y_old[tr], [old[i] for i in te], y_old[te])
+    new = load_annotations([GEMMA])
+    y_new = np.array([r["y"] for r in new])
+    tr, _, te = grouped_split3([r["concept"] for r in new], y_new, 0.15, 0.2, 0)
+    ref = surface_floor([new[i] for i in tr], y_new[tr], [new[i] for i in te], y_new[te])
+    assert out["surface_auc_train"] > 0.8 and out["surface_auc_test"] > 0.8
+    assert out["surface_auc_test"] > ref["surface_auc_test"] + 0.1
+
+
+def test_comparatives_label_set_is_labelled_gemma_output_without_votes():
+    nc = ANNOTATION_DIR.parent / "comparatives"
+    rows = read_jsonl(nc / "annotations_gemma.jsonl")
+    six = {"True", "False", "Invalid", "Too vague to judge", "Too subjective to judge", "Too unfamiliar to judge"}
+    assert len(rows) >= 600 and {r["label"] for r in rows} <= six
+    assert not any(r.get("votes") for r in rows) and all(r["annotator"] == "maintainers" for r in rows)
+    assert all(r["statement"].startswith("Compared to ") for r in rows) and len({r["concept"] for r in rows}) >= 80
+    assert (nc / "GUIDE.md").exists() and (nc / "annotations_gemma.config.json").exists()
+    assert not (nc / "annotations_seed.jsonl").exists()  # the invented-votes set is gone

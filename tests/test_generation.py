@@ -36,6 +36,8 @@ def prompts_file(tmp_path_factory, tiny_gpt2):
     cfg.relations = {"t": str(d / "rel.txt")}
     cfg.related_prompts = "related"  # umbrella's prompts require "rain"
     cfg.perplexity.threshold = None
+    cfg.prompt_selection = "perplexity"  # the paper's rule: one lowest-perplexity variant per pair
+    cfg.goal_prefixes = ["In order to", "Before you", "After you", "While you"]
     out = d / "prompts.jsonl"
     build_generic_prompts(cfg, *tiny_gpt2, out)
     assert len(_rows(out)) == 10

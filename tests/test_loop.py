@@ -103,8 +103,24 @@ def test_two_iterations_chain_models_and_report(baseline):
             sum(s["critic_score"] > r["delta"] for s in read_jsonl(it / "filtered" / "scores.jsonl")) / 18)
         assert r["n_kept"] == len(read_jsonl(it / "filtered" / "kept.jsonl")) > 0
         assert 0 <= r["self_bleu_kept"] <= 1 and r["unique_estimate"] > 0 and 0 < r["critic_ap"] <= 1
+    # every critic number in the report is the test split's; δ is the dev split's
+    from critics.metrics import average_precision, choose_delta
+
+    test = read_jsonl(run_dir / "iter_0" / "critic" / "test_scores.jsonl")
+    dev = read_jsonl(run_dir / "iter_0" / "critic" / "dev_scores.jsonl")
+    rep = json.loads((run_dir / "iter_0" / "report" / "metrics.json").read_text())
+    assert rep["critic_ap"] == pytest.approx(average_precision([t["y"] for t in test], [t["critic_score"] for t in test]))
+    assert rep["critic_n_test"] == len(test) and rep["critic_surface_ap"] is not None
+    crit = json.loads((run_dir / "iter_0" / "critic" / "metrics.json").read_text())
+    assert crit["delta"] == pytest.approx(choose_delta([t["y"] for t in dev], [t["critic_score"] for t in dev],
+                                                       0.9)["delta"])
+    # the held-out concepts were generated in every iteration, unfiltered
+    for k in (0, 1):
+        held = read_jsonl(run_dir / f"iter_{k}" / "heldout" / "statements.jsonl")
+        assert {h["concept"] for h in held} == {"umbrella", "ladder", "plant a tree"}
     md = (run_dir / "iter_1" / "report.md").read_text()
     assert "## All iterations" in md and "| 0 | 18 |" in md and "| 1 | 18 |" in md
+    assert "critic AP — test split" in md and "δ — chosen on the dev split" in md
     assert (run_dir / "iter_1" / "report" / "pr_curves.png").stat().st_size > 1000
     assert len(r1["pr_aps"]) == 2  # one curve per iteration on the same plot
 
@@ -161,7 +177,8 @@ def test_kill_inside_generation_and_finetune_then_resume(baseline, tmp_path, mon
     monkeypatch.setattr(SelfImitationModule, "training_step", dying_step)
     with pytest.raises(RuntimeError, match="killed in fine-tuning"):
         run(cfg)
-    assert len(calls) == 2 + 2  # the restart decoded only the 2 unfinished shards of 3
+    # the restart decoded only the 2 unfinished shards of 3, then the held-out concepts' 2 shards
+    assert len(calls) == 2 + 2 + 2
     assert (run_dir / "iter_0" / "finetune" / "checkpoints" / "last.ckpt").exists()
     assert not (run_dir / "iter_0" / "model").exists()
 

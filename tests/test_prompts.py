@@ -30,6 +30,10 @@ def data_cfg(tmp_path, nouns=("umbrella", "child"), goals=("bake bread",), relat
     cfg.sources = sources
     cfg.relations = {"t": str(tmp_path / "rel.txt")}
     cfg.dir = None
+    # the paper's prompt rule (A.1.1): lowest-perplexity variant, four goal prefixes; the measured-forms default
+    # is tested in test_forms_selection_builds_one_prompt_per_pair_without_a_perplexity_pass
+    cfg.prompt_selection = "perplexity"
+    cfg.goal_prefixes = ["In order to", "Before you", "After you", "While you"]
     for k, v in over.items():
         OmegaConf.update(cfg, k, v)
     return cfg
@@ -71,6 +75,8 @@ def test_number_of_concepts_and_phrases():
 
 def test_goal_prompts_get_four_prefixes():
     cfg = OmegaConf.load(ROOT / "conf/data/generics.yaml")
+    assert list(cfg.goal_prefixes) == ["In order to"]  # the measured default (prompt_form_yield.json)
+    cfg.goal_prefixes = ["In order to", "Before you", "After you", "While you"]  # the paper's four
     vs = goal_variants(Concept("get better at chess", "goal"), cfg)
     assert [v.text for v in vs] == ["In order to get better at chess,", "Before you get better at chess,",
                                     "After you get better at chess,", "While you get better at chess,"]
@@ -270,3 +276,20 @@ def test_prompt_scoring_resumes_after_kill(tmp_path, tiny_gpt2, monkeypatch):
     s = build_generic_prompts(cfg, model, tok, out)
     assert len(calls) == -(-s["n_variants"] // 16) - 2  # only the unscored chunks
     assert out.read_text() == ref.read_text()
+
+
+def test_forms_selection_builds_one_prompt_per_pair_without_a_perplexity_pass(tmp_path, tiny_gpt2, monkeypatch):
+    from i2d2 import prompts as P
+
+    cfg = data_cfg(tmp_path, prompt_selection="forms", **{"perplexity.threshold": None})
+    cfg.prompt_forms = ["adverb+bare_plural", "adverb+indefinite"]
+    monkeypatch.setattr(P, "score_texts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("perplexity pass")))
+    out = tmp_path / "p.jsonl"
+    summary = P.build_generic_prompts(cfg, *tiny_gpt2, out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    nouns = [r for r in rows if r["kind"] == "noun"]
+    assert len(nouns) == 2 * 3 and summary["prompt_selection"] == "forms"  # 2 nouns x 3 phrases, one form each
+    assert {r["form"] for r in nouns} <= {"adverb+bare_plural", "adverb+indefinite"}
+    assert "Generally, umbrellas are" in {r["prompt"] for r in nouns} and "Generally, an umbrella is" in {
+        r["prompt"] for r in nouns}
+    assert all(r["perplexity"] is None for r in rows)

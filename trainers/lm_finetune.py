@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -444,23 +443,13 @@ def _consolidate_zero3(trainer, module, work_dir: Path):
 
 def save_model(model, tokenizer, path: str | Path, meta: Mapping | None = None) -> Path:
     """``save_pretrained`` into a temporary sibling folder, then swap it in: a kill never leaves half a model."""
+    from i2d2.io import atomic_dir
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "i2d2_meta.json").write_text(json.dumps(dict(meta or {}), indent=2, default=str) + "\n")
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

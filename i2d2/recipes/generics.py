@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-FILTER_FORMAT = 2  # 2: unfinished generations dropped before the critic (drop_reason "unfinished"), near-duplicates
+FILTER_FORMAT = 3  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept
 TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation",
              "heldout"}
 
@@ -474,11 +474,22 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
                     dropped.append({**r, "drop_reason": "duplicate", "duplicate_of": kept[rep[i]]["statement"]})
             n_dup = int((rep != np.arange(len(kept))).sum())
             kept = [r for i, r in enumerate(kept) if rep[i] == i]
+        n_capped = 0
+        cap = fcfg.get("max_per_concept")
+        if cap:  # balance: one concept's template must not dominate what P_{k+1} imitates
+            by_concept: dict[str, list[dict]] = {}
+            for r in kept:
+                by_concept.setdefault(str(r.get("concept", "")), []).append(r)
+            chosen = {id(r) for rs in by_concept.values()
+                      for r in sorted(rs, key=lambda r: -r["critic_score"])[:int(cap)]}
+            dropped += [{**r, "drop_reason": "concept_cap"} for r in kept if id(r) not in chosen]
+            n_capped = len(kept) - len(chosen)
+            kept = [r for r in kept if id(r) in chosen]
         summary = write_filtered(d, kept, dropped, delta=delta, tracker=tracker)
         write_jsonl(d / "scores.jsonl", [{"prompt_id": r["prompt_id"], "rank_in_prompt": r.get("rank_in_prompt"),
                                           "critic_score": float(s)} for r, s in zip(rows, scores)])
         summary.update(accepted_rate=accepted / len(rows) if rows else 0.0, n_dropped_constraints=n_unsat,
-                       n_dropped_unfinished=len(unfinished),
+                       n_dropped_unfinished=len(unfinished), n_dropped_concept_cap=n_capped,
                        n_truncated=sum("generation_raw" in r for r in rows), n_empty=n_empty,
                        n_dropped_duplicates=n_dup, delta_source="task.filter.delta" if fcfg.get("delta") is not None
                        else "critic")
@@ -495,12 +506,11 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     return stage(ranks, out, fp, fn, "filter")
 
 
-def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, critic: dict, delta: float, tracker,
-                  ranks: Ranks) -> dict:
+def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
     """P_k's generations for the fixed held-out concepts (``task.heldout``), unfiltered: what a person judges
     blind (``annotate export --blind``) to measure accuracy per iteration. Prompts are built once, with P_0, in
-    iteration 0 and reused. The critic's score is stored as a proxy only; no critic trains on these concepts."""
-    from critics.scoring import score_texts
+    iteration 0 and reused. Independent of the critic (the report scores them as a proxy); no critic trains on
+    these concepts."""
     from i2d2.generation import generate_stage, read_generations
     from i2d2.prompts import build_generic_prompts, heldout_concepts
     from i2d2.report import diversity
@@ -514,8 +524,7 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, critic: dict, d
     decoding = _plain(cfg.decoding)
     mode = _get(cfg.task, "filter.truncate", "sentence")
     source = (_plain(cfg.data), str(cfg.model.name)) if k == 0 else prompts0
-    fp = fingerprint("heldout", hcfg, source, decoding, model_key, Path(critic["model_dir"]), delta, mode,
-                     int(cfg.seed))
+    fp = fingerprint("heldout", hcfg, source, decoding, model_key, mode, int(cfg.seed))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -539,17 +548,12 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, critic: dict, d
             rows.append({"prompt_id": g["prompt_id"], "concept": p["concept"], "prompt": p["prompt"],
                          "form": p.get("form"), "generation": text, "statement": join_statement(p["prompt"], text),
                          "rank_in_prompt": g.get("rank_in_prompt"), "all_satisfied": g.get("all_satisfied")})
-        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
-                             batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
-        for r, sc in zip(rows, scores):
-            r["critic_score"] = float(sc)
         write_jsonl(d / "statements.jsonl", rows)
         rcfg = _plain(cfg.task.get("report") or {})
         div = diversity(rows, int(rcfg.get("self_bleu_sample", 200)), int(cfg.seed),
                         float(rcfg.get("mnr_fraction", 0.3)), float(rcfg.get("mnr_bleu", 0.85)))
         summary = {"n_prompts": len(prompts), "n_concepts": len({p["concept"] for p in prompts.values()}),
-                   "n_generations": len(rows), "critic_accepted_rate_proxy": float(np.mean(scores > delta)) if rows else None,
-                   "self_bleu": div["self_bleu"], "distinct_fraction": div["distinct_fraction"]}
+                   "n_generations": len(rows), "self_bleu": div["self_bleu"], "distinct_fraction": div["distinct_fraction"]}
         if tracker is not None:
             tracker.log_metrics({f"heldout/{a}": b for a, b in summary.items() if b is not None})
         return summary
@@ -611,6 +615,14 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
               "scores": [float(r["critic_score"]) for r in test]}
     n_gen = int(gen.get("n_generations", len(everything)))
     acc = next((r for r in heldout_accuracy(cfg.run_dir) if r["iteration"] == k), {})  # person-judged, blind
+    held = dict(held)
+    held_rows = read_jsonl(it_dir / "heldout" / "statements.jsonl") if held else []
+    if held_rows:  # the critic's opinion of the held-out generations: a proxy, next to what a person judged
+        from critics.scoring import score_texts
+
+        s = score_texts(critic["model_dir"], [r["statement"] for r in held_rows],
+                        batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
+        held["critic_accepted_rate_proxy"] = float(np.mean(s > float(filt["delta"])))
     metrics = {
         "iteration": k, "generator": generator, "next_model": str(model_dir(cfg.run_dir, k)),
         "n_prompts": int(gen.get("n_prompts", prompts.get("n_prompts", 0))), "n_generations": n_gen,
@@ -698,8 +710,7 @@ def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
     gen = timed("generation", lambda: generation_stage(cfg, it_dir, prompts_path, model_key, lm, tracker, ranks))
     critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, lm, tracker, ranks))
     filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
-    held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, critic, float(filt["delta"]),
-                                                  tracker, ranks))
+    held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, tracker, ranks))
     ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))
     result: dict = {"iteration": k}
     if ranks.zero:
