@@ -188,6 +188,10 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
     lines = [f"# I2D2 iteration {k}", "",
              f"Generator P_{k}: `{m['generator']}` → fine-tuned P_{k + 1}: `{m.get('next_model', '–')}`", "",
              "| measure | value |", "|---|---|"]
+    shift = m.get("critic_probe_shift")
+    if shift is not None and shift > 0.1:
+        lines[-2:-2] = [f"> **Warning: the critic's probe shift is {shift:.3f} (> 0.1): meaning-preserving rewrites move "
+                        "its score, so it partly judges wording, not truth** (critic/probe_scores.jsonl).", ""]
     rows = [
         ("prompts", m["n_prompts"]), ("generations", m["n_generations"]),
         ("constraint satisfaction rate", m["constraint_satisfaction_rate"]),

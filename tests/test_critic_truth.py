@@ -193,7 +193,7 @@ def test_blind_export_carries_no_score_or_iteration_and_imports_back(tmp_path):
         reader = csv.DictReader(f)
         assert reader.fieldnames == ["item_id", "statement", "label"]
         rows = list(reader)
-    assert len(rows) == 5  # "Dogs bark." came from both iterations: one item
+    assert len(rows) == len(items) == 5  # "Dogs bark." came from both iterations: one item
     text = out.read_text()
     for leak in ("0.5", "0.6", "iter", "critic", "p0"):
         assert leak not in text

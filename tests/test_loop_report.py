@@ -56,3 +56,9 @@ def test_markdown_report_lists_iterations_and_samples():
     md = render_markdown(m, sample, [dict(m, iteration=0, accepted_rate=0.1), m], "report/pr_curves.png")
     assert "reused from iteration 0" in md and "| 0.250 |" in md and "Dogs \\| bark." in md
     assert "## All iterations" in md and "![PR curves](report/pr_curves.png)" in md
+    assert "Warning" not in md
+    # undefined numbers print as "–"; a wording-sensitive critic is flagged at the top; person-judged accuracy shows
+    m2 = dict(m, critic_precision=None, critic_probe_shift=0.25, heldout_accuracy=0.6, heldout_ci95=0.08,
+              heldout_n_labelled=150)
+    md2 = render_markdown(m2, sample, [m2], None)
+    assert "probe shift is 0.250" in md2 and "| – / " in md2 and "0.600 ± 0.080 (n=150)" in md2
