@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from critics.data import (Collator, LoadReport, StatementDataset, canonical_statement, grouped_split3, label_mapping,
                           load_annotations)
 from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
-from i2d2.io import atomic_dir, write_json, write_jsonl
+from i2d2.io import atomic_dir, load_state_dict, write_json, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
         return None
     best = ckpt.best_model_path
     if best and Path(best).exists():
-        state = torch.load(best, map_location="cpu", weights_only=False)["state_dict"]
+        state = load_state_dict(best)
         module.load_state_dict(state)
         log.info("critic: best epoch by %s = %.4f (%s)", cfg["monitor"], float(ckpt.best_model_score), best)
     with atomic_dir(model_dir) as tmp:  # a temporary sibling renamed into place

@@ -86,6 +86,22 @@ def _json_default(o):
     return str(o)
 
 
+def load_state_dict(path: str | os.PathLike) -> dict:
+    """The ``state_dict`` of a Lightning / DeepSpeed checkpoint, read with ``weights_only=True``: tensors and plain
+    containers only, so a run folder can never make us execute pickled code. Anything else fails naming the file."""
+    import pickle
+
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+        raise DataError(f"{path}: not a loadable weights-only checkpoint ({str(e).splitlines()[0]})") from None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise DataError(f"{path}: checkpoint has no 'state_dict'")
+    return ckpt["state_dict"]
+
+
 def read_json(path: str | os.PathLike):
     """Parse a JSON file; a syntax error raises DataError naming file:line."""
     path = Path(path)

@@ -89,3 +89,21 @@ def test_chapman_and_entropy():
     assert chapman_estimate(["a", "b", "c"], ["b", "c", "d"]) == pytest.approx(4 * 4 / 3 - 1)
     assert entropy(["x", "y"]) == pytest.approx(1.0)
     assert entropy(["x", "x"]) == 0.0
+
+
+def test_load_state_dict_refuses_pickled_code(tmp_path):
+    import argparse
+
+    import pytest
+    import torch
+
+    from i2d2.io import DataError, load_state_dict
+
+    torch.save({"state_dict": {"w": torch.ones(2)}, "epoch": 3}, tmp_path / "ok.ckpt")
+    assert torch.equal(load_state_dict(tmp_path / "ok.ckpt")["w"], torch.ones(2))
+    torch.save({"state_dict": {}, "obj": argparse.Namespace(a=1)}, tmp_path / "bad.ckpt")  # needs unpickling code
+    with pytest.raises(DataError, match="bad.ckpt: not a loadable weights-only checkpoint"):
+        load_state_dict(tmp_path / "bad.ckpt")
+    (tmp_path / "cut.ckpt").write_bytes((tmp_path / "ok.ckpt").read_bytes()[:40])
+    with pytest.raises(DataError, match="cut.ckpt"):
+        load_state_dict(tmp_path / "cut.ckpt")

@@ -146,8 +146,9 @@ def test_recipe_end_to_end_with_tiny_model_and_resume(tmp_path):
     run_dir = tmp_path / "run"
     assert (run_dir / "train" / "adapter" / "negverse.json").exists()
     assert (run_dir / "train" / "checkpoints" / "last.ckpt").exists()
-    ck = torch.load(run_dir / "train" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert set(ck["state_dict"]) <= {"lm.new_in", "lm.new_out", "lm.peft.prompt_encoder.default.embedding.weight"}
+    from i2d2.io import load_state_dict
+
+    assert set(load_state_dict(run_dir / "train" / "checkpoints" / "last.ckpt")) <= {"lm.new_in", "lm.new_out", "lm.peft.prompt_encoder.default.embedding.weight"}
     assert out["eval"]["n_candidates"] > 0 and (run_dir / "eval" / "metrics.json").exists()
     # a second run reuses every finished stage
     again = run(cfg)

@@ -436,7 +436,9 @@ def _consolidate_zero3(trainer, module, work_dir: Path):
         return None
     fp32 = work_dir / "zero3_final_fp32.pt"
     convert_zero_checkpoint_to_fp32_state_dict(str(shard_dir), str(fp32))
-    state = torch.load(fp32, map_location="cpu", weights_only=False)["state_dict"]
+    from i2d2.io import load_state_dict
+
+    state = load_state_dict(fp32)
     module.load_state_dict(state, strict=False)
     return module.export_model()
 

@@ -27,7 +27,7 @@ from i2d2.cmp.data import BUNDLED, Quintuple, load_quintuples, split_quintuples
 from i2d2.cmp.runners import evaluate_synthetic_qa, run_downstream
 from i2d2.cmp.tasks import TASKS, Collator, ExampleBuilder, eos_id, make_truncator, mask_token_for
 from i2d2.cmp.textualize import cut_documents, qa_pairs
-from i2d2.io import fingerprint, read_jsonl, run_stage, write_json, write_jsonl, write_text
+from i2d2.io import fingerprint, load_state_dict, read_jsonl, run_stage, write_json, write_jsonl, write_text
 from i2d2.models import load_seq2seq
 from i2d2.tracking import Tracker, build_logger
 
@@ -102,7 +102,7 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
                 ckpt_path=str(last) if last.exists() else None)
     train_s = time.time() - t0
     if ckpt.best_model_path:
-        state = torch.load(ckpt.best_model_path, map_location="cpu", weights_only=False)["state_dict"]
+        state = load_state_dict(ckpt.best_model_path)
         module.load_state_dict(state)
     trainer.validate(module, val_loader(module, val_ds), verbose=False)
     final = module.last_val
