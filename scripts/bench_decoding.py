@@ -10,6 +10,12 @@ Settings timed per model (one process, warm-up first):
 
   python scripts/bench_decoding.py                      # tiny:gpt2 and tiny:gpt2-124m, beam 10 x 30, batch 8
   python scripts/bench_decoding.py --gemma --device cuda --batch 32
+  python scripts/bench_decoding.py --profile --models tiny:gpt2   # where a step's time goes (see below)
+
+--profile prints, per setting, per decoding step (one model forward): operator calls (top-level aten ops from
+torch.profiler: the CPU proxy for kernel launches), CUDA kernels (on a GPU), host syncs (aten::_local_scalar_dense,
+i.e. .item() / bool() / int() on a tensor, plus aten::nonzero, which waits for the device) and ms per step (from
+a separate run without the profiler).  The plain beam-search step is the floor.
 """
 
 from __future__ import annotations
@@ -126,15 +132,21 @@ def run_model(name, args, out_rows):
     with torch.inference_mode():
         model.generate(**enc, num_beams=K, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
     dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens = saved
+    if args.profile:
+        for label, fn, _ in runs:
+            out_rows.append(profile_setting(name, label, fn, model, args, sync))
+        return
+    # on a shared CPU the process's own CPU time is steadier than wall time (other jobs' load does not count)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     base = None
     for label, fn, sets in runs:
         best = None
         for _ in range(args.repeats):
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             res = fn()
             sync()
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             best = dt if best is None else min(best, dt)
         if label == "plain":
             base = best
@@ -143,12 +155,52 @@ def run_model(name, args, out_rows):
             flat = [g for gens in res for g in gens]
             sat = sum(g.all_satisfied for g in flat) / max(len(flat), 1)
         row = {"model": name, "setting": label, "device": str(args.device), "batch": B, "beam": K,
-               "new_tokens": T, "seconds": round(best, 3), "ratio": round(best / base, 3),
+               "new_tokens": T, "seconds": round(best, 3),
+               "clock": "cpu" if args.cpu_time else "wall", "ratio": round(best / base, 3),
                "all_satisfied": None if sat is None else round(sat, 3)}
         out_rows.append(row)
         print(f"{name:18s} {label:8s} {best:8.2f} s   x{best / base:5.2f}"
               + ("" if sat is None else f"   all-satisfied {sat:.0%}"), flush=True)
     del model, dec, dec_nc
+
+
+SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
+
+
+def profile_setting(name, label, fn, model, args, sync):
+    """One row of the --profile table: per-step operator calls, CUDA kernels, host syncs and ms."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        wall = time.perf_counter() - t0
+        steps = len(forwards)
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(args.device).startswith("cuda") else [])
+        with profile(activities=acts) as prof:
+            fn()
+            sync()
+    finally:
+        hook.remove()
+    events = prof.events()
+    ops = sum(1 for e in events if e.name.startswith("aten::") and e.device_type.name == "CPU"
+              and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+    syncs = sum(1 for e in events if e.name in SYNC_OPS)
+    kernels = sum(1 for e in events if e.device_type.name == "CUDA")
+    row = {"model": name, "setting": label, "device": str(args.device), "steps": steps,
+           "ops_per_step": round(ops / steps, 1), "syncs_per_step": round(syncs / steps, 2),
+           "kernels_per_step": round(kernels / steps, 1) if kernels else None,
+           "ms_per_step": round(1e3 * wall / steps, 2)}
+    kern = "-" if not kernels else row["kernels_per_step"]
+    print(f"{name:18s} {label:8s} {steps:6d} {row['ops_per_step']:10.1f} {kern:>10} {row['syncs_per_step']:8.2f} "
+          f"{row['ms_per_step']:9.2f}",
+          flush=True)
+    return row
 
 
 def main(argv=None):
@@ -163,6 +215,10 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (the minimum is reported)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with the process's CPU time instead of wall time (shared machines; use --threads 1)")
+    ap.add_argument("--profile", action="store_true",
+                    help="per setting: operator calls, CUDA kernels, host syncs and ms per decoding step")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -174,7 +230,11 @@ def main(argv=None):
     names = [m for m in args.models.split(",") if m] + (["packaged:gemma3-270m"] if args.gemma else [])
     print(f"device={args.device} threads={torch.get_num_threads()} batch={args.batch} beam={args.beam} "
           f"new_tokens={args.max_new_tokens}")
-    print(f"{'model':18s} {'setting':8s} {'wall':>10s}   ratio to plain beam search")
+    if args.profile:
+        print(f"{'model':18s} {'setting':8s} {'steps':>6s} {'ops/step':>10s} {'kern/step':>10s} {'syncs/st':>8s} "
+              f"{'ms/step':>9s}")
+    else:
+        print(f"{'model':18s} {'setting':8s} {'wall':>10s}   ratio to plain beam search")
     rows = []
     for n in names:
         run_model(n, args, rows)

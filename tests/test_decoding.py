@@ -13,6 +13,7 @@ from i2d2.decoding import (Clause, ConstraintError, ConstraintSet, CountConstrai
                            Literal, NeuroLogicDecoder)
 from i2d2.decoding.constraints import validate
 from i2d2.models import tiny_model
+from lm_tables import bigram_lm
 
 # ---------------------------------------------------------------- an independent checker on plain text
 _W = re.compile(r"[^\W_]+|[^\s]")
@@ -310,33 +311,6 @@ def test_any_tokenization_counts():
 
 
 
-def _bigram(model, tok, rows, default):
-    """Make ``model`` a bigram LM: the next-token logits depend only on the last token ({prev: {next: logit}},
-    ``default`` for every other previous token, -inf for tokens not listed)."""
-    V = model.config.vocab_size
-
-    def tid(t):
-        i = tok.eos_token_id if t == "EOS" else tok.convert_tokens_to_ids(t)
-        assert i is not None and i != tok.unk_token_id, t
-        return i
-
-    def row(spec):
-        r = torch.full((V,), float("-inf"))
-        for t, v in spec.items():
-            r[tid(t)] = v
-        return r
-
-    table = row(default).expand(V, V).clone()
-    for prev, spec in rows.items():
-        table[tid(prev)] = row(spec)
-
-    def hook(mod, args, kwargs, out):
-        out.logits = table[kwargs["input_ids"]].to(out.logits.dtype)
-        return out
-
-    return model.register_forward_hook(hook, with_kwargs=True)
-
-
 def test_pending_literal_word_joins_its_satisfied_group():
     """Regression (NeuroComparatives 'are typically'): a hypothesis whose last token spells the second literal
     ('dog water', 'water' still pending until the next separator) must rank in the group of both clauses, not
@@ -347,7 +321,7 @@ def test_pending_literal_word_joins_its_satisfied_group():
     rows = {"Ġdog": {t: 3.0 - 0.2 * i for i, t in enumerate(fill)} | {"Ġwater": 0.0, "EOS": -5.0},
             "Ġwater": {".": 3.0, "Ġthe": 1.0, "EOS": 0.0}, ".": {"EOS": 5.0, "Ġthe": 0.0}}
     rows |= {t: {f: 1.0 for f in fill} | {"EOS": 0.0} for t in fill}
-    h = _bigram(model, tok, rows, {"Ġdog": 2.0, "Ġthe": 1.0, "Ġa": 0.8, "Ġof": 0.6, "Ġis": 0.4, "EOS": -5.0})
+    h = bigram_lm(model, tok, rows, {"Ġdog": 2.0, "Ġthe": 1.0, "Ġa": 0.8, "Ġof": 0.6, "Ġis": 0.4, "EOS": -5.0})
     try:
         cs = ConstraintSet([Clause([Literal("dog")]), Clause([Literal("water")])])
         c = DecodingConfig(beam_size=4, num_return=4, max_new_tokens=6, min_new_tokens=1, prune_factor=50,
@@ -365,7 +339,7 @@ def test_unsatisfiable_best_partial_satisfies_most_clauses():
     partial result is the one satisfying the most clauses (NeuroLogic's final selection), flagged unsatisfied."""
     model, tok = tiny_model("gpt2")
     nxt = {".": 1.0, "Ġthe": 0.5}
-    h = _bigram(model, tok, {"Ġthe": nxt, "Ġdog": nxt, ".": {"Ġthe": 0.0, "EOS": 0.0}},
+    h = bigram_lm(model, tok, {"Ġthe": nxt, "Ġdog": nxt, ".": {"Ġthe": 0.0, "EOS": 0.0}},
                 {"Ġthe": 2.0, "Ġdog": 0.0, "Ġpeople": float("-inf")})
     try:
         cs = ConstraintSet([Clause([Literal("dog")]), Clause([Literal("people")])])

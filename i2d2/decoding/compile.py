@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .constraints import ConstraintSet, Literal, word_variants
-from .vocab import TokenTables
+from .vocab import TokenTables, byte_letters
 
 ROOT, DEAD = 0, 1
 NO_EVENT, OTHER = -1, -2
@@ -52,6 +52,7 @@ class Compiled:
     wlit: torch.Tensor  # [B, Wc+1, Cl] literal index a word satisfies per clause (-1)
     Lph: int
     ph_words: torch.Tensor  # [B, Lph, P]
+    ph_dfa: torch.Tensor  # [B * Lph * P * Wc1] next state * 2 + completed (see _phrase_dfa)
     ph_len: torch.Tensor
     ph_gidx: torch.Tensor
     ph_clause: torch.Tensor
@@ -66,6 +67,7 @@ class Compiled:
     cl_posmask: torch.Tensor  # int64 bit r = rank r allowed (0 = any)
     cl_maxpos: torch.Tensor
     cl_weight: torch.Tensor  # [Cl] int64 group-hash weights
+    has_order: bool  # some clause has positions: ranks need the text position of each event
     # positive literals for lookahead / progress [B, Lp]
     Lp: int
     Pp: int
@@ -84,6 +86,9 @@ class Compiled:
     # paths [Wc, 2, Tm]
     path_tok: torch.Tensor
     path_node: torch.Tensor
+    # per trie node: the tokens that continue a literal word whose canonical path passes the node, and that word
+    node_cont_tok: torch.Tensor  # [Nn, J] (-1 = none)
+    node_cont_word: torch.Tensor  # [Nn, J] (-3 = none)
     prefix_node: torch.Tensor  # [Wc, 2, Dmax+1]
     words: list
 
@@ -120,6 +125,27 @@ def _row_literals(cs: ConstraintSet) -> list[LitInfo]:
     return out
 
 
+def _phrase_dfa(words: list, n_words: int) -> np.ndarray:
+    """KMP automaton of one phrase over word ids: ``dfa[p, w]`` for ``p`` words matched and next word ``w``
+    is ``next * 2 + completed``.  After a completion the state is the phrase's longest proper border, so
+    occurrences may overlap ("ha ha" twice in "ha ha ha") and a restart keeps what still matches
+    ("so so good" inside "so so so good").  Any other word (column ``n_words``) resets to 0."""
+    L = len(words)
+    dfa = np.zeros((L, n_words + 1), dtype=np.int64)
+
+    def longest_prefix_suffix(seq, limit):
+        for k in range(min(len(seq), limit), 0, -1):
+            if seq[len(seq) - k:] == words[:k]:
+                return k
+        return 0
+
+    for p in range(L):
+        for w in set(words):
+            k = longest_prefix_suffix(words[:p] + [w], L)
+            dfa[p, w] = 2 * longest_prefix_suffix(words, L - 1) + 1 if k == L else 2 * k
+    return dfa
+
+
 def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, cache: dict | None = None) -> Compiled:
     """``cache``: a dict kept by the caller across batches (per-word tokenizations and fragment splits)."""
     cache = {} if cache is None else cache
@@ -147,9 +173,10 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
             node_depth.append(len(s))
         return n
 
-    variants = []
+    variants, surface = [], []  # automaton spelling (byte_letters) / text of each variant
     for w in wlist:
-        vs = word_variants(w)
+        surface.append(word_variants(w))
+        vs = [byte_letters(v) for v in surface[-1]]
         variants.append(vs)
         for v in vs:
             for j in range(1, len(v) + 1):
@@ -170,22 +197,23 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     paths = []
     for wi, w in enumerate(wlist):
         per = []
-        for v in (variants[wi] + variants[wi])[:2]:
-            ids = cache.get(("path", v))
-            for text, want in ((" " + v, " " + v), (v, v)) if ids is None else ():
+        pairs = list(zip(variants[wi], surface[wi]))
+        for v, sv in (pairs + pairs)[:2]:
+            ids = cache.get(("path", sv))
+            for text in (" " + sv, sv) if ids is None else ():
                 enc = tok.encode(text, add_special_tokens=False)
-                if enc and "".join(strings[i] for i in enc if i < len(strings)) in (want, " " + v):
+                if enc and byte_letters("".join(strings[i] for i in enc if i < len(strings))) in (v, " " + v):
                     ids = enc
                     break
             if ids is None:
-                enc = tok.encode(" " + v, add_special_tokens=False)
+                enc = tok.encode(" " + sv, add_special_tokens=False)
                 ids = enc[:1]  # at least propose how the word starts
-            cache[("path", v)] = ids
+            cache[("path", sv)] = ids
             toks, nodes = [], []
             cov = ""
             alnum = v[:1].isalnum()
             for t in ids:
-                cov += strings[t] if t < len(strings) else ""
+                cov += byte_letters(strings[t]) if t < len(strings) else ""
                 toks.append(t)
                 pend = cov[1:] if cov.startswith(" ") else cov
                 nodes.append(node_of.get(pend, -5) if alnum and v.startswith(pend) else -5)
@@ -204,6 +232,18 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
             v = (variants[wi] + variants[wi])[vi]
             for d in range(1, len(v) + 1):
                 prefix_node[wi, vi, d] = node_of[v[:d]]
+    conts: dict = {}  # node -> {(word, next token)}
+    for wi, per in enumerate(paths):
+        for toks, nodes in per:
+            for j in range(len(toks) - 1):
+                if nodes[j] >= 0:
+                    conts.setdefault(nodes[j], set()).add((wi, toks[j + 1]))
+    J = max([len(c) for c in conts.values()] + [1])
+    node_cont_tok = np.full((len(node_word), J), -1, dtype=np.int64)
+    node_cont_word = np.full((len(node_word), J), PAD_WORD, dtype=np.int64)
+    for n, c in conts.items():
+        for j, (wi, t) in enumerate(sorted(c)):
+            node_cont_word[n, j], node_cont_tok[n, j] = wi, t
 
     # ---- literal / clause / count tables
     # Single-word literals are aggregated through per-word increment tables (wtab); phrases and the negative
@@ -272,10 +312,12 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     ph_cl_pos = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
     ph_cl_neg = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
     ph_grp = np.zeros((B, max(Lph, 1), G), dtype=np.float32)
+    ph_dfa = np.zeros((B, max(Lph, 1), P, Wc1), dtype=np.int64)
     for b, (r, phr) in enumerate(zip(rows, phr_rows)):
         for k, li_idx in enumerate(phr):
             li = r[li_idx]
             ph_words[b, k, : len(li.words)] = np.asarray([words[w] for w in li.words])
+            ph_dfa[b, k, : len(li.words)] = _phrase_dfa([words[w] for w in li.words], Wc1 - 1)
             ph_len[b, k] = len(li.words)
             ph_gidx[b, k] = li_idx
             ph_clause[b, k] = li.clause
@@ -313,10 +355,10 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
             acc = 0.0
             for j, w in enumerate(li.words):
                 pos_charlen[b, k, j] = acc
-                acc += len(w)
+                acc += len(byte_letters(w))
             pos_charlen[b, k, len(li.words):] = acc
             if len(li.words) == 1:  # progress of a single word = matched prefix / word length
-                for v in word_variants(li.words[0]):
+                for v in map(byte_letters, word_variants(li.words[0])):
                     for dd in range(1, len(v) + 1):
                         n = node_of.get(v[:dd])
                         if n is not None:
@@ -329,13 +371,16 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     return Compiled(
         B=B, P=P, Cl=Cl, G=G, lits=rows, n_clauses=ncl, keys=dv(keys), vals=dv(vals), F=F,
         node_word=dv(torch.tensor(node_word)), node_depth=dv(torch.tensor(node_depth)),
-        Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_words=dv(ph_words), ph_len=dv(ph_len),
+        Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_words=dv(ph_words), ph_dfa=dv(ph_dfa.reshape(-1)),
+        ph_len=dv(ph_len),
         ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),
         ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp), neg_total=dv(neg_total), grp_max=dv(grp_max),
         cl_valid=dv(cl_valid), cl_has_pos=dv(cl_has_pos), cl_posmask=dv(cl_posmask), cl_maxpos=dv(cl_maxpos),
-        cl_weight=dv(cl_weight), Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph),
+        cl_weight=dv(cl_weight), has_order=bool((cl_posmask != 0).any() or (cl_maxpos > 0).any()),
+        Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph),
         pos_valid=dv(pos_valid), pos_clause=dv(pos_clause), pos_dyn=dv(pos_dyn), pos_charlen=dv(pos_charlen),
         node_prog=dv(node_prog), dyn_topk=dv(dyn_topk), D=D, has_dyn=bool((pos_dyn >= 0).any()),
         dyn_kmax=[int(x) for x in dyn_topk.max(0)], path_tok=dv(path_tok), path_node=dv(path_node),
+        node_cont_tok=dv(node_cont_tok), node_cont_word=dv(node_cont_word),
         prefix_node=dv(prefix_node), words=wlist,
     )

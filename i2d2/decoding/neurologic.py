@@ -18,6 +18,10 @@ per-literal phrase progress and occurrence counts, the rank at which each clause
 5. EOS candidates in the selection finish their hypothesis (EOS is blocked until positive clauses are met
    when ``block_eos_until_satisfied``); finished hypotheses are ranked by (all satisfied, number of
    satisfied clauses, S) with S = logprob / num_tokens ** length_penalty.
+
+The step is free of host synchronisation: shapes are fixed per batch (the widest in-token word run is measured
+once per batch), finished hypotheses are pooled on the device and ranked once at the end, and whether every
+prompt is done is read on the host only every ``STOP_CHECK_EVERY`` steps.
 """
 
 from __future__ import annotations
@@ -28,15 +32,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .compile import DEAD, NO_EVENT, Compiled, compile_batch
+from .compile import DEAD, NO_EVENT, OTHER, Compiled, compile_batch
 from .constraints import ConstraintError, ConstraintSet, validate
 from .vocab import token_tables
 
 NEG = float("-inf")
+_KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tokens first among lookahead tokens
+STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done (the only sync in the loop)
 
 
 @dataclass
 class DecodingConfig:
+    """``num_return`` may exceed ``beam_size``: hypotheses ended by EOS / a stop string are pooled from every
+    step, and at ``max_new_tokens`` up to ``max(beam_size, num_return)`` of the last step's candidates are
+    kept, so fewer than ``num_return`` come back only when fewer distinct valid candidates exist."""
+
     beam_size: int = 10
     num_return: int = 10
     max_new_tokens: int = 30
@@ -128,6 +138,7 @@ class NeuroLogicDecoder:
             ends = torch.tensor([any(x in s for x in stops) for s in T.strings[:V]], dtype=torch.bool)
             # only tokens that end on a separator: ".The" would leave a word pending
             self.is_end_v[: ends.shape[0]] |= (ends & (T.tail[: ends.shape[0]] == 0) & ~T.banned[: ends.shape[0]]).to(d)
+        self.end_block = torch.where(self.is_end_v, NEG, 0.0)  # added to log-probs before min_new_tokens
         fwd = inspect.signature(model.forward).parameters
         self._pos_ids = "position_ids" in fwd and not self.is_s2s
         self._cache = {}  # per-word tokenizations / fragment splits, reused across batches
@@ -217,62 +228,90 @@ class NeuroLogicDecoder:
         res = torch.where(n == DEAD, torch.full_like(n, DEAD), res)
         return torch.where(f == 0, n, res)
 
+    def _inner_events(self, cp: Compiled):
+        """[V, I] word events of the complete words inside each token, for this batch's literals.  Runs of
+        irrelevant words act like one (they only reset phrase progress), so they are merged and the width I is
+        the most events any token really has here (usually 0 or 1): a static bound for every step."""
+        inner = self.t_inner
+        if not inner.shape[1]:
+            return inner[:, :0]
+        iw = cp.node_word[self._lookup(cp, torch.zeros_like(inner), inner)]
+        prev = torch.cat([torch.full_like(iw[:, :1], NO_EVENT), iw[:, :-1]], 1)
+        keep = (iw >= 0) | ((iw == OTHER) & (prev != OTHER))
+        order = (~keep).long().argsort(dim=1, stable=True)
+        width = int(keep.sum(1).max())  # once per batch
+        packed = torch.where(keep.gather(1, order), iw.gather(1, order), NO_EVENT)
+        return packed[:, :width].contiguous()
+
+    def _events(self, cp: Compiled, lt, st: _State, cand, final: bool):
+        """Word events of every (hypothesis, candidate) pair in text order, [E, N, C] (word id / NO_EVENT /
+        OTHER), and the pending trie node after the candidate token."""
+        N, C = cand.shape
+        hs = self.t_hassep[cand]
+        ext = self._lookup(cp, st.node[:, None].expand(N, C), self.t_lead[cand])
+        root = torch.zeros_like(ext)
+        node = torch.where(hs, self._lookup(cp, root, self.t_tail[cand]), ext)
+        events = [torch.where(hs, cp.node_word[ext], NO_EVENT)[None]]
+        if lt["inner_ev"].shape[1]:
+            events.append(lt["inner_ev"][cand].permute(2, 0, 1))
+        if final:  # the text ends: the pending word is complete
+            events.append(torch.where(self.is_eos_v[cand], NO_EVENT, cp.node_word[node])[None])
+            node = root
+        return torch.cat(events) if len(events) > 1 else events[0], node
+
+    def _phrase_step(self, cp: Compiled, lt, prog, ev):
+        """One KMP step of every phrase for word event ``ev`` [N, C]: (new progress, completed) [N, C, Lph]."""
+        u = ev[..., None]
+        code = lt["ph_dfa"][(lt["ph_base"] + prog) * cp.Wc1 + torch.where(u >= 0, u, cp.Wc1 - 1)]
+        has = u != NO_EVENT
+        return torch.where(has, code >> 1, prog), has & ((code & 1) == 1)
+
     def _advance(self, cp: Compiled, lt, st: _State, cand, step: int, final: bool):
         """Advance the constraint state of every (hypothesis, candidate token) pair."""
         N, C = cand.shape
         Cl = cp.Cl
-        n0 = st.node[:, None].expand(N, C)
-        hs = self.t_hassep[cand]
-        ext = self._lookup(cp, n0, self.t_lead[cand])
-        events = [torch.where(hs, cp.node_word[ext], torch.full_like(ext, NO_EVENT))]
-        root = torch.zeros_like(n0)
-        node = torch.where(hs, self._lookup(cp, root, self.t_tail[cand]), ext)
-        ni = int(self.t_ninner[cand].max()) if self.t_inner.shape[1] else 0
-        if ni:
-            inner = self.t_inner[cand][..., :ni]
-            iw = cp.node_word[self._lookup(cp, root[..., None].expand_as(inner), inner)]
-            events.extend(iw.unbind(-1))
-        if final:
-            is_eos = self.is_eos_v[cand]
-            events.append(torch.where(is_eos, torch.full_like(node, NO_EVENT), cp.node_word[node]))
-            node = root
+        ev, node = self._events(cp, lt, st, cand, final)
+        E = ev.shape[0]
         # single-word literals: per-word increment tables
-        inc = None
-        cmatch = st.cmatch[:, None, :]
         wl = cp.Wc1 - 1
-        for ev in events:
-            uidx = torch.where(ev >= 0, ev, torch.full_like(ev, wl)) + lt["rowoff"]
-            d = lt["wtab"][uidx]
-            inc = d if inc is None else inc + d
-            cmatch = torch.where(cmatch < 0, lt["wlit"][uidx], cmatch)
+        uidx = torch.where(ev >= 0, ev, wl) + lt["rowoff"]  # [E, N, C]
+        d = lt["wtab"][uidx]  # [E, N, C, 2Cl+G]
+        inc = d.sum(0)
+        lits = lt["wlit"][uidx]  # [E, N, C, Cl]: the first event naming a literal of the clause wins
+        lit = lits[E - 1]
+        for e in range(E - 2, -1, -1):  # E is 1-3: elementwise selects beat a reduction over a short outer dim
+            lit = torch.where(lits[e] >= 0, lits[e], lit)
+        cmatch = torch.where(st.cmatch[:, None, :] < 0, lit, st.cmatch[:, None, :])
         cpos = st.cpos[:, None, :] + inc[..., :Cl]
         cneg = st.cneg[:, None, :] + inc[..., Cl:2 * Cl]
         gcnt = st.gcnt[:, None, :] + inc[..., 2 * Cl:]
-        # phrases (and negatives of clauses with several negatives): per-literal progress
+        if cp.has_order:  # event index at which each clause first gets a positive hit (E: none)
+            cum = (st.cpos[:, None, :] + d[..., :Cl].cumsum(0)) > 0
+            hit_e = torch.where(cum[E - 1], E - 1, E)
+            for e in range(E - 2, -1, -1):
+                hit_e = torch.where(cum[e], e, hit_e)
+        # phrases (and negatives of clauses with several negatives): per-literal KMP progress
         if cp.Lph:
-            Lph, P = cp.Lph, cp.P
-            prog0 = st.ph_prog[:, None, :].expand(N, C, Lph)
-            occ0 = st.ph_occ[:, None, :].expand(N, C, Lph)
-            prog, occ = prog0, occ0
-            first = lt["ph_first"]
-            for ev in events:
-                nextw = lt["ph_words"].expand(N, C, Lph * P).gather(2, lt["ph_lidx"] + prog) if P > 1 else first
-                u = ev[..., None]
-                has = u != NO_EVENT
-                prog = torch.where(has, torch.where(nextw == u, prog + 1, (first == u).long()), prog)
-                comp = has & (prog >= lt["ph_len"])
+            Lph, B, K = cp.Lph, cp.B, N // cp.B
+            prog = st.ph_prog[:, None, :].expand(N, C, Lph)
+            occ0 = st.ph_occ[:, None, :]
+            occ = occ0
+            first = None
+            for e in range(E):
+                prog, comp = self._phrase_step(cp, lt, prog, ev[e])
                 occ = occ + comp.long()
-                prog = torch.where(comp, torch.zeros_like(prog), prog)
-            B, K = cp.B, N // cp.B
+                if cp.has_order:
+                    first = torch.where(comp, e, E) if first is None else torch.where(comp & (first == E), e, first)
             newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
             cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
             cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
-            nl = newly.reshape(N, C, Lph) > 0
-            for c in range(Cl):  # literal that satisfied clause c (phrase case)
-                m = nl & (lt["ph_clause"] == c) & ~lt["ph_neg"]
-                li = torch.where(m, lt["ph_gidx"], torch.full_like(prog, -1)).max(-1).values
-                cmatch[..., c] = torch.where(cmatch[..., c] < 0, li, cmatch[..., c])
+            # literal that satisfied clause c (phrase case)
+            nl = (newly.reshape(N, C, Lph, 1) > 0) & lt["ph_pos_mask"]  # [N, C, Lph, Cl]
+            li = torch.where(nl, lt["ph_gidx"][..., None], -1).max(2).values
+            cmatch = torch.where(cmatch < 0, li, cmatch)
+            if cp.has_order:
+                hit_e = torch.minimum(hit_e, torch.where(lt["ph_pos_mask"], first[..., None], E).min(2).values)
             ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
         else:
             ph_prog = ph_occ = None
@@ -282,7 +321,11 @@ class NeuroLogicDecoder:
         count_viol = (gcnt > lt["grp_max"]).any(-1)
         crank = st.crank[:, None, :]
         newly = pos_hit & (crank == 0) & lt["cl_valid"]
-        rank = st.rctr[:, None, None] + newly.long().cumsum(-1)
+        if cp.has_order:  # clauses satisfied in one step are ranked by where in the text they were satisfied
+            key = hit_e * Cl + lt["cl_index"]
+            rank = st.rctr[:, None, None] + (newly[..., None, :] & (key[..., None, :] <= key[..., None])).sum(-1)
+        else:
+            rank = st.rctr[:, None, None] + newly.long().cumsum(-1)
         pm = lt["cl_posmask"]
         allowed = (pm == 0) | (((pm >> rank.clamp(max=62)) & 1) == 1)
         bad_new = newly & ~allowed
@@ -303,14 +346,12 @@ class NeuroLogicDecoder:
             # one whose pending word would break a limit, a negative literal or an order once completed is
             # ``risky`` (a likely dead end, ranked after the safe ones).
             w_end = cp.node_word[node]
-            d = lt["wtab"][torch.where(w_end >= 0, w_end, torch.full_like(w_end, wl)) + lt["rowoff"]]
+            d = lt["wtab"][torch.where(w_end >= 0, w_end, wl) + lt["rowoff"]]
             tpos = cpos + d[..., :Cl]
             tneg = cneg + d[..., Cl:2 * Cl]
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
-                u = w_end[..., None]
-                nextw = lt["ph_words"].expand(N, C, Lph * P).gather(2, lt["ph_lidx"] + prog) if P > 1 else first
-                tcomp = (u != NO_EVENT) & (torch.where(nextw == u, prog + 1, (first == u).long()) >= lt["ph_len"])
+                _, tcomp = self._phrase_step(cp, lt, prog, w_end)
                 tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
                 tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
                 tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
@@ -361,7 +402,6 @@ class NeuroLogicDecoder:
 
     def _lookahead(self, cp: Compiled, lt, st: _State, lp, A: int, thresh):
         N = lp.shape[0]
-        Lp = cp.Lp
         ph = lt["pos_ph2"]
         if cp.Lph:
             prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), torch.zeros_like(ph))
@@ -374,41 +414,37 @@ class NeuroLogicDecoder:
         prog = prog + pend_done.long()
         live = prog < lt["pos_len2"]
         words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
-        ptok = cp.path_tok[words]  # [N, Lp, 2, Tm]
-        pnode = cp.path_node[words]
-        start = ptok[..., 0]  # [N, Lp, 2]
-        if ptok.shape[-1] > 1:
-            eq = pnode[..., :-1] == st.node[:, None, None, None]
-            cont = torch.where(eq & (ptok[..., 1:] >= 0), ptok[..., 1:], torch.full_like(ptok[..., 1:], -1)).max(-1).values
-        else:
-            cont = torch.full_like(start, -1)
-        cont = torch.where(pend_done[..., None], torch.full_like(cont, -1), cont)
+        start = cp.path_tok[:, :, 0][words]  # [N, Lp, 2]: first token of each variant of the current word
         unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
+        # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
+        # kept when that word is the current word of an unsatisfied literal whose pending word is not done
+        want = torch.zeros(N, cp.Wc1, dtype=torch.long, device=lp.device)  # [N, word]: some literal needs it
+        want.scatter_add_(1, words, (unsat & ~pend_done).long())
+        cont = cp.node_cont_tok[st.node]
+        cword = cp.node_cont_word[st.node]
+        cont_ok = (cword >= 0) & (want.gather(1, cword.clamp(min=0)) > 0)
         dyn = lt["pos_dyn2"]
-        in_prog = (prog > 0) | (cont >= 0).any(-1)
-        if cp.has_dyn:
+        if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
             sc = lp.gather(1, start[..., 0].clamp(min=0))  # [N, Lp]
-            promoted = torch.zeros_like(unsat)
-            for dci in range(cp.D):
-                m = dyn == dci
-                s = torch.where(m, sc, torch.full_like(sc, NEG))
-                kmax = cp.dyn_kmax[dci]
-                kk = min(kmax, cp.Lp)
-                top = s.topk(kk, dim=1).values
-                kth = top.gather(1, (lt["dyn_topk"][:, dci:dci + 1] - 1).clamp(max=kk - 1))
-                promoted |= m & (s >= kth) & torch.isfinite(s)
+            mine = dyn[:, None, :] == lt["dyn_index"][None, :, None]  # [N, D, Lp]
+            s = torch.where(mine, sc[:, None, :], NEG)
+            kk = min(max(cp.dyn_kmax), cp.Lp)
+            kth = s.topk(kk, dim=2).values.gather(2, (lt["dyn_topk"][..., None] - 1).clamp(max=kk - 1))
+            promoted = (mine & (s >= kth) & torch.isfinite(s)).any(1)
             start_ok = unsat & ((dyn < 0) | promoted)
         else:
             start_ok = unsat
-        cont_ok = unsat & in_prog
-        toks = torch.cat([torch.where(start_ok[..., None], start, torch.full_like(start, -1)),
-                          torch.where(cont_ok[..., None], cont, torch.full_like(cont, -1))], -1).reshape(N, -1)
-        good = toks >= 0
+        toks = torch.cat([torch.where(start_ok[..., None], start, -1).reshape(N, -1),
+                          torch.where(cont_ok, cont, -1)], -1)
+        # the next token of a literal already under way (inside its word, or the next word of a started phrase)
+        # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
+        # small vocabulary) are started and dropped
+        started = torch.cat([(start_ok & (prog > 0))[..., None].expand_as(start).reshape(N, -1), cont_ok], -1)
         tlp = lp.gather(1, toks.clamp(min=0))
-        good &= tlp >= thresh[:, None]
-        tlp = torch.where(good, tlp, torch.full_like(tlp, NEG))
+        good = (toks >= 0) & torch.isfinite(tlp) & ((tlp >= thresh[:, None]) | started)
+        key = torch.where(good, tlp + started * _KEEP_FIRST, NEG)  # started literals take the first slots
         a = min(A, tlp.shape[1])
-        v, i = tlp.topk(a, dim=1)
+        v, i = key.topk(a, dim=1)
         return toks.gather(1, i), torch.isfinite(v)
 
     # ------------------------------------------------------------------ search
@@ -427,13 +463,12 @@ class NeuroLogicDecoder:
             "nodeoff": (rep * cp.node_word.numel())[:, None],
             "wtab": cp.wtab.reshape(B * cp.Wc1, -1),
             "wlit": cp.wlit.reshape(B * cp.Wc1, -1),
-            "ph_first": cp.ph_words[:, :, 0][rep][:, None, :],
-            "ph_words": cp.ph_words.reshape(B, -1)[rep][:, None, :],
-            "ph_lidx": (torch.arange(max(Lph, 1), device=d) * cp.P)[None, None, :],
-            "ph_len": cp.ph_len[rep][:, None, :],
-            "ph_clause": cp.ph_clause[rep][:, None, :],
-            "ph_neg": cp.ph_neg[rep][:, None, :],
+            "ph_base": ((rep[:, None] * max(Lph, 1) + torch.arange(max(Lph, 1), device=d)) * cp.P)[:, None, :],
+            "ph_dfa": cp.ph_dfa,
             "ph_gidx": cp.ph_gidx[rep][:, None, :],
+            "ph_pos_mask": (cp.ph_cl_pos > 0)[rep][:, None],  # [N, 1, Lph, Cl]: phrase is a literal of clause
+            "inner_ev": self._inner_events(cp),
+            "cl_index": torch.arange(Cl, device=d),
             "neg_total": cp.neg_total[rep][:, None, :],
             "grp_max": cp.grp_max[rep][:, None, :],
             "cl_valid": cp.cl_valid[rep][:, None, :],
@@ -453,6 +488,7 @@ class NeuroLogicDecoder:
             "pos_dyn2": cp.pos_dyn[rep],
             "pos_charlen": cp.pos_charlen[rep][:, None],
             "dyn_topk": cp.dyn_topk[rep],
+            "dyn_index": torch.arange(cp.D, device=d),
             "has_pos_phrase": bool((cp.pos_ph >= 0).any()),
         }
         has_positive = bool(cp.pos_valid.any())
@@ -464,15 +500,10 @@ class NeuroLogicDecoder:
         cum = torch.full((N,), NEG, device=d)
         cum[::K] = 0.0
         hist = torch.zeros(N, T_max, dtype=torch.long, device=d)
-        # finished buffer
-        fin_seq = torch.zeros(B, R, T_max, dtype=torch.long, device=d)
-        fin_lp = torch.full((B, R), NEG, device=d)
-        fin_S = torch.full((B, R), NEG, device=d)
-        fin_n = torch.zeros(B, R, dtype=torch.long, device=d)
-        fin_all = torch.zeros(B, R, dtype=torch.bool, device=d)
-        fin_sat = torch.zeros(B, R, Cl, dtype=torch.bool, device=d)
-        fin_cmatch = torch.full((B, R, Cl), -1, dtype=torch.long, device=d)
-        fin_phocc = torch.zeros(B, R, max(Lph, 1), dtype=torch.long, device=d)
+        # finished hypotheses: every step appends its candidates (masked ones score -inf); the best R are
+        # chosen once at the end, so the step needs no host check of whether anything finished
+        fin = []
+        n_done = torch.zeros(B, dtype=torch.long, device=d)  # finished hypotheses satisfying everything
         done = torch.zeros(B, dtype=torch.bool, device=d)
 
         M = min(cfg.candidates_per_beam or 2 * K, cfg.prune_factor, self.vocab)
@@ -488,7 +519,7 @@ class NeuroLogicDecoder:
                 final = t == T_max - 1
                 lp = torch.log_softmax(logits.float(), -1) + self.bias
                 if t < cfg.min_new_tokens:
-                    lp[:, self.is_end_v] = NEG
+                    lp = lp + self.end_block
                 if n_gram and t >= n_gram:
                     lp = self._ban_ngrams(lp, hist[:, : t], n_gram)
                 topv, topi = lp.topk(max(M, PF), dim=1)
@@ -548,54 +579,33 @@ class NeuroLogicDecoder:
                 o = o.gather(1, rig.gather(1, o).argsort(dim=1, stable=True))
                 o = o.gather(1, tier.gather(1, o).argsort(dim=1, stable=True))
                 f_eos = is_eos.reshape(B, KC).gather(1, o)
-                if final:
+                if final:  # every hypothesis ends here; up to max(K, R) of the candidates fill the results
                     sel = o[:, :K]
-                    fin_pick = sel
-                    fin_mask = tier.gather(1, sel) < 4
+                    fin_pick = o[:, :min(max(K, R), KC)]
+                    fin_mask = tier.gather(1, fin_pick) < 4
                 else:
                     keypos = torch.where(f_eos, ar + KC, ar)
                     sel = o.gather(1, keypos.topk(K, dim=1, largest=False).indices.sort(1).values)
                     fin_pick = o[:, :K]
                     fin_mask = f_eos[:, :K] & (tier.gather(1, fin_pick) <= 2)
                 fin_mask &= ~done[:, None]
-                # ---- finished hypotheses -> buffer
-                if bool(fin_mask.any()):
-                    gidx = (ar_B[:, None] * KC + fin_pick).reshape(-1)  # into N*C
-                    src = gidx // C
-                    seq = hist[src].clone()
-                    tokc = cand.reshape(-1)[gidx]
-                    seq[:, t] = tokc
-                    n_tok = torch.full_like(tokc, t + 1) - self.is_eos_v[tokc].long()
-                    lpn = clp.reshape(-1)[gidx]
-                    S = lpn / n_tok.clamp(min=1).float() ** alpha
-                    S = torch.where(fin_mask.reshape(-1), S, torch.full_like(S, NEG))
-                    allf = all_sat.reshape(-1)[gidx]
-                    satf = new.sat.reshape(N * C, -1)[gidx]
-                    # ranked by (all satisfied, number of satisfied clauses, S): the best partial results of an
-                    # unsatisfiable set are those that satisfy the most clauses
-                    tier_w = float(Cl + 1)
-                    key_new = (S.double() + (allf.double() * tier_w + satf.sum(-1).double()) * 1e9).reshape(B, K)
-                    key_old = fin_S.double() + (fin_all.double() * tier_w + fin_sat.sum(-1).double()) * 1e9
-                    keys = torch.cat([key_old, key_new], 1)
-                    _, top = keys.topk(R, dim=1)
-
-                    def merge(old, newv):
-                        cat = torch.cat([old, newv.reshape(B, K, *newv.shape[1:])], 1)
-                        ix = top.reshape(B, R, *([1] * (cat.dim() - 2))).expand(B, R, *cat.shape[2:])
-                        return cat.gather(1, ix)
-
-                    fin_seq = merge(fin_seq, seq)
-                    fin_lp = merge(fin_lp, lpn)
-                    fin_S = merge(fin_S, S)
-                    fin_n = merge(fin_n, n_tok)
-                    fin_all = merge(fin_all, allf)
-                    fin_sat = merge(fin_sat, satf)
-                    fin_cmatch = merge(fin_cmatch, new.cmatch.reshape(N * C, -1)[gidx])
-                    if Lph:
-                        fin_phocc = merge(fin_phocc, new.ph_occ.reshape(N * C, -1)[gidx])
+                # ---- finished hypotheses -> pool
+                gidx = (ar_B[:, None] * KC + fin_pick).reshape(-1)  # into N*C
+                seq = hist[gidx // C]
+                tokc = cand.reshape(-1)[gidx]
+                seq[:, t] = tokc
+                n_tok = (t + 1) - self.is_eos_v[tokc].long()
+                lpn = clp.reshape(-1)[gidx]
+                S = torch.where(fin_mask.reshape(-1), lpn / n_tok.clamp(min=1).float() ** alpha, NEG)
+                allf = all_sat.reshape(-1)[gidx]
+                Kf = fin_pick.shape[1]
+                fin.append((seq, lpn, S, n_tok, allf, new.sat.reshape(N * C, -1)[gidx],
+                            new.cmatch.reshape(N * C, -1)[gidx],
+                            new.ph_occ.reshape(N * C, -1)[gidx] if Lph else torch.zeros_like(tokc)[:, None]))
                 if cfg.early_stopping:
-                    done |= (torch.isfinite(fin_S) & fin_all).sum(1) >= R
-                if final or bool(done.all()):
+                    n_done = n_done + (allf & torch.isfinite(S)).reshape(B, Kf).sum(1)
+                    done = n_done >= R
+                if final or (cfg.early_stopping and (t + 1) % STOP_CHECK_EVERY == 0 and bool(done.all())):
                     break
                 # ---- advance beams
                 gsel = (ar_B[:, None] * KC + sel).reshape(-1)
@@ -612,48 +622,59 @@ class NeuroLogicDecoder:
                 logits, cache = self._forward(tok_next, cache, am, pos)
                 if pos is not None:
                     pos = pos + 1
-        return self._collect(cp, css, fin_seq, fin_lp, fin_S, fin_n, fin_all, fin_sat, fin_cmatch, fin_phocc)
+        return self._collect(cp, css, *self._best_finished(fin, B, R, Cl))
+
+    @staticmethod
+    def _best_finished(fin, B, R, Cl):
+        """The R best pooled finished hypotheses per prompt, ranked by (all satisfied, number of satisfied
+        clauses, S): the best partial results of an unsatisfiable set are those that satisfy the most clauses."""
+        cols = [torch.cat([f[j].reshape(B, -1, *f[j].shape[1:]) for f in fin], 1) for j in range(len(fin[0]))]
+        seq, lpn, S, n_tok, allf, satf = cols[:6]
+        key = S.double() + (allf.double() * float(Cl + 1) + satf.sum(-1).double()) * 1e9
+        top = key.topk(min(R, key.shape[1]), dim=1).indices
+        return [c.gather(1, top.reshape(*top.shape, *([1] * (c.dim() - 2))).expand(*top.shape, *c.shape[2:]))
+                for c in cols]
 
     def _ban_ngrams(self, lp, hist, n):
         t = hist.shape[1]
         win = hist.unfold(1, n, 1)  # [N, t-n+1, n]
         last = hist[:, t - n + 1:]
         match = (win[:, :, :-1] == last[:, None, :]).all(-1)
-        ban = torch.zeros_like(lp, dtype=torch.bool)
-        ban.scatter_(1, torch.where(match, win[:, :, -1], torch.zeros_like(win[:, :, -1])), match)
-        return lp.masked_fill(ban, NEG)
+        # windows that do not match write into a spare last column, so no token id (0 included) is touched
+        ban = torch.zeros(lp.shape[0], lp.shape[1] + 1, dtype=torch.bool, device=lp.device)
+        ban.scatter_(1, torch.where(match, win[:, :, -1], lp.shape[1]), True)
+        return lp.masked_fill(ban[:, :-1], NEG)
 
     def _collect(self, cp, css, fin_seq, fin_lp, fin_S, fin_n, fin_all, fin_sat, fin_cmatch, fin_phocc):
-        seq, lpv, Sv, nv = fin_seq.cpu(), fin_lp.cpu(), fin_S.cpu(), fin_n.cpu()
-        allv, satv, cmv, phv = fin_all.cpu(), fin_sat.cpu(), fin_cmatch.cpu(), fin_phocc.cpu()
-        phg = cp.ph_gidx.cpu()
+        # one transfer per buffer, then plain Python lists (no per-element tensor reads)
+        seq, lpv, Sv, nv, allv, satv, cmv, phv, phg = (x.tolist() for x in (
+            fin_seq, fin_lp, fin_S, fin_n, fin_all, fin_sat, fin_cmatch, fin_phocc, cp.ph_gidx))
         out = []
         for b, cs in enumerate(css):
             nc, nd = cp.n_clauses[b]
             lits = cp.lits[b]
-            ph_of = {int(g): k for k, g in enumerate(phg[b].tolist()) if g >= 0}
-            rows = [r for r in range(seq.shape[1]) if math.isfinite(float(Sv[b, r]))]
-            if any(bool(allv[b, r]) for r in rows):  # satisfying results exist: return only those
-                rows = [r for r in rows if bool(allv[b, r])]
+            ph_of = {g: k for k, g in enumerate(phg[b]) if g >= 0}
+            rows = [r for r in range(len(Sv[b])) if math.isfinite(Sv[b][r])]
+            if any(allv[b][r] for r in rows):  # satisfying results exist: return only those
+                rows = [r for r in rows if allv[b][r]]
             gens = []
             for r in rows:
-                n = int(nv[b, r])
-                ids = seq[b, r, :n].tolist()
-                text = self.tok.decode(ids, skip_special_tokens=True).strip()
-                satisfied = [bool(x) for x in satv[b, r, : nc + nd]]
+                n = nv[b][r]
+                text = self.tok.decode(seq[b][r][:n], skip_special_tokens=True).strip()
+                satisfied = [bool(x) for x in satv[b][r][: nc + nd]]
                 matched = []
                 for ci in range(nc + nd):
-                    m = int(cmv[b, r, ci])
+                    m = cmv[b][r][ci]
                     if not satisfied[ci]:
                         matched.append(None)
                     elif m >= 0:
                         matched.append(lits[m].text)
                     else:  # satisfied because a negative literal is absent
                         absent = [li.text for k, li in enumerate(lits) if li.clause == ci and not li.positive
-                                  and (k not in ph_of or int(phv[b, r, ph_of[k]]) == 0)]
+                                  and (k not in ph_of or phv[b][r][ph_of[k]] == 0)]
                         matched.append(f"NOT {absent[0]}" if absent else None)
-                gens.append(Generation(text=text, score=float(Sv[b, r]), logprob=float(lpv[b, r]), num_tokens=n,
-                                       satisfied=satisfied, all_satisfied=bool(allv[b, r]), matched=matched))
+                gens.append(Generation(text=text, score=Sv[b][r], logprob=lpv[b][r], num_tokens=n,
+                                       satisfied=satisfied, all_satisfied=bool(allv[b][r]), matched=matched))
             out.append(gens)
         return out
 

@@ -13,7 +13,47 @@ import torch
 
 _PIECE_RE = re.compile(r"[^\W_]+|\s+|.", re.UNICODE | re.DOTALL)
 _BYTE_RE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_CONTROL_RE = re.compile(r"^(<[^<>\s]+>|\[[^\[\]\s]+\])$")  # <end_of_turn>, <unused7>, [MASK], ...
 MAX_INNER = 8  # tokens holding more complete words than this inside them are never generated
+# A byte of an incomplete UTF-8 sequence (one character split over byte-fallback / byte-level tokens) is
+# carried in token strings as a private-use character; ``byte_letters`` turns it into a letter.
+_RAW_BYTE = 0xF700
+# Letters standing for the bytes 0x80-0xFF in the automaton (Latin Extended-B: all are word characters).
+_BYTE_LETTER = 0x180 - 0x80
+
+
+def byte_letters(text: str) -> str:
+    """The automaton's spelling of ``text``: every non-ASCII letter/digit and every raw byte becomes the
+    letters of its UTF-8 bytes.  "café" spelled 'caf' + 'é' and 'caf' + <0xC3> + <0xA9> then read the same,
+    and a character split over tokens stays inside its word instead of separating it."""
+    if text.isascii():
+        return text
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if _RAW_BYTE + 0x80 <= o <= _RAW_BYTE + 0xFF:
+            out.append(chr(o - _RAW_BYTE + _BYTE_LETTER))
+        elif o >= 0x80 and ch.isalnum():
+            out.extend(chr(b + _BYTE_LETTER) for b in ch.encode("utf-8"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _decode_bytes(raw: bytes) -> str:
+    """UTF-8 text of a token's bytes; bytes of a character the token holds only part of become raw-byte chars."""
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return "".join(chr(ord(c) - 0xDC00 + _RAW_BYTE) if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
+
+
+def control_token_ids(tok) -> set:
+    """Ids the model may emit but that are no text: special tokens and added control tokens such as Gemma's
+    ``<end_of_turn>`` / ``<unusedN>`` (added tokens flagged special, or spelled like a tag)."""
+    ids = set(tok.all_special_ids)
+    for i, at in getattr(tok, "added_tokens_decoder", {}).items():
+        if getattr(at, "special", False) or _CONTROL_RE.match(str(getattr(at, "content", at))):
+            ids.add(int(i))
+    return ids
 
 
 def _bytes_decoder():
@@ -33,7 +73,8 @@ def token_strings(tok, size: int) -> tuple[list[str], str]:
     """Surface text of each id < size, with word-initial markers turned into a leading space.
 
     Returns ``(strings, style)``; style is 'bytelevel', 'metaspace' or 'decode'.  Special tokens and ids the
-    tokenizer does not know (a head larger than the tokenizer) get ''.
+    tokenizer does not know (a head larger than the tokenizer) get ''.  Bytes of a character that a token
+    holds only part of are raw-byte characters (see ``byte_letters``).
     """
     n = len(tok)
     pieces = tok.convert_ids_to_tokens(list(range(n)))
@@ -48,21 +89,21 @@ def token_strings(tok, size: int) -> tuple[list[str], str]:
     else:
         style = "decode"
     out = [""] * size
-    special = set(tok.all_special_ids)
+    special = control_token_ids(tok)
     bd = _bytes_decoder() if style == "bytelevel" else None
     for i, p in enumerate(pieces[:size]):
         if i in special or p is None:
             continue
         if style == "bytelevel":
             try:
-                out[i] = bytes(bd[c] for c in p).decode("utf-8", errors="replace")
+                out[i] = _decode_bytes(bytes(bd[c] for c in p))
             except KeyError:  # added tokens outside the byte alphabet
                 out[i] = p
         elif style == "metaspace":
             m = _BYTE_RE.match(p)
             if m:
                 b = int(m.group(1), 16)
-                out[i] = chr(b) if b < 128 else "\ufffd"
+                out[i] = chr(b) if b < 128 else chr(_RAW_BYTE + b)
             else:
                 out[i] = p.replace("▁", " ")
         else:
@@ -127,6 +168,7 @@ def token_tables(tok, head_size: int | None = None, eos_ids=()) -> TokenTables:
         if not s:
             empty[i] = True
             continue
+        s = byte_letters(s)
         ps = _PIECE_RE.findall(s)
         if len(ps) == 1 and (ps[0][0].isalnum() and ps[0][0] != "_"):
             lead[i] = fid(s)
@@ -152,9 +194,8 @@ def token_tables(tok, head_size: int | None = None, eos_ids=()) -> TokenTables:
         inner[i, : len(inn)] = torch.tensor(inn)
     n = len(tok)
     banned[n:] = True  # head rows beyond the tokenizer decode to nothing
-    eos = tok.eos_token_id
-    for s in tok.all_special_ids:
-        if s not in eos_all and s < V:
+    for s in control_token_ids(tok):  # never generated, unless they end the text (below)
+        if s < V:
             banned[s] = True
     for eos in eos_all:  # EOS ends the text: it completes the pending word like a separator
         if eos >= V:
