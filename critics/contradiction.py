@@ -52,13 +52,12 @@ class NLIScorer(PairwiseScorer):
 
     def __init__(self, name: str, batch_size: int = 32, max_length: int = 128, label_indices: dict | None = None,
                  device: str | None = None):
-        import torch
-
+        from i2d2.lightning_setup import resolve_device
         from i2d2.models import load_classifier
 
         self.model, self.tok = load_classifier(name, num_labels=3)
         self.model.eval()
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or resolve_device(None)
         self.model.to(self.device)
         self.batch_size, self.max_length = batch_size, max_length
         if label_indices is None:

@@ -80,13 +80,10 @@ class CriticModule(L.LightningModule):
     def configure_optimizers(self):
         from transformers import get_linear_schedule_with_warmup
 
-        no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
-        params = [
-            {"params": [p for n, p in self.model.named_parameters() if not n.endswith(no_decay)],
-             "weight_decay": self.hparams.weight_decay},
-            {"params": [p for n, p in self.model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
-        ]
-        opt = torch.optim.AdamW(params, lr=self.hparams.lr)
+        from i2d2.lightning_setup import adamw_param_groups
+
+        opt = torch.optim.AdamW(adamw_param_groups(self.model.parameters(), self.hparams.weight_decay),
+                                lr=self.hparams.lr)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         sched = get_linear_schedule_with_warmup(opt, int(self.hparams.warmup_ratio * total), total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from i2d2.lightning_setup import resolve_device
+
 log = logging.getLogger(__name__)
 
 WEIGHTS = "probe.safetensors"
@@ -59,7 +61,7 @@ def lm_features(model, tok, texts: Sequence[str], layer: int, batch_size: int = 
 class ProbeCritic:
     """A saved probe critic: ``score(texts)`` -> P(valid)."""
 
-    def __init__(self, model_dir: str | Path, meta: dict, lm=None):
+    def __init__(self, model_dir: str | Path, meta: dict, lm=None, device: str | None = None):
         from safetensors.numpy import load_file
 
         from i2d2.models import load_causal_lm
@@ -68,8 +70,7 @@ class ProbeCritic:
         self.mean, self.scale, self.coef, self.intercept = w["mean"], w["scale"], w["coef"], float(w["intercept"][0])
         self.meta = meta
         self.model, self.tok = lm if lm is not None else load_causal_lm(meta["lm"])
-        if torch.cuda.is_available():
-            self.model = self.model.to("cuda")
+        self.model = self.model.to(device or resolve_device(None))
 
     def features(self, texts, batch_size: int = 32, progress: bool = True) -> np.ndarray:
         return lm_features(self.model, self.tok, texts, int(self.meta["layer"]), batch_size,
@@ -85,7 +86,8 @@ class ProbeCritic:
         return self.score_features(self.features(texts, batch_size, progress))
 
 
-def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_idx, model_dir: Path) -> float:
+def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_idx, model_dir: Path,
+              device: str | None = None) -> float:
     """Features of every labelled text, logistic regression on train for each ``probe_C``, the C with the best dev
     AP kept; written atomically to ``model_dir``. Returns the seconds it took."""
     from safetensors.numpy import save_file
@@ -98,8 +100,7 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
 
     t0 = time.time()
     model, tok = load_causal_lm(cfg["probe_lm"])
-    if torch.cuda.is_available():
-        model = model.to("cuda")
+    model = model.to(device or resolve_device(None))
     layer = int(cfg["probe_layer"])
     X = lm_features(model, tok, texts, layer, int(cfg["eval_batch_size"]), int(cfg["max_length"]))
     sc = StandardScaler().fit(X[train_idx])

@@ -15,7 +15,7 @@ from critics.critic import VALID
 
 
 @functools.lru_cache(maxsize=2)
-def _load(model_dir: str, mtime: float):
+def _load(model_dir: str, mtime: float, device: str):
     import json
 
     meta_path = Path(model_dir) / "critic_meta.json"
@@ -23,12 +23,11 @@ def _load(model_dir: str, mtime: float):
     if meta.get("kind") == "probe":
         from critics.probe import ProbeCritic
 
-        return ProbeCritic(model_dir, meta)
+        return ProbeCritic(model_dir, meta, device=device)
     from i2d2.models import load_classifier
 
     model, tok = load_classifier(model_dir, num_labels=2)
     model.i2d2_critic_meta = meta
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     return model.to(device).eval(), tok
 
 
@@ -39,15 +38,19 @@ def critic_meta(critic) -> dict:
     return getattr(critic[0], "i2d2_critic_meta", {})
 
 
-def load_critic(model_dir: str | os.PathLike):
+def load_critic(model_dir: str | os.PathLike, device: str | None = None):
     """A critic directory written by ``train_critic`` (cached per directory): ``(model, tokenizer)`` for a
-    fine-tuned classifier, a ``critics.probe.ProbeCritic`` for ``kind: probe``."""
+    fine-tuned classifier, a ``critics.probe.ProbeCritic`` for ``kind: probe``. ``device``: where it runs,
+    ``i2d2.lightning_setup.resolve_device(cfg.trainer)``; None: CUDA when present."""
+    from i2d2.lightning_setup import resolve_device
+
     path = Path(model_dir)
     marker = path / "critic_meta.json"
     if not (path / "config.json").exists() and not marker.exists():
         raise FileNotFoundError(f"{path} is not a critic model directory (no config.json or critic_meta.json); "
                                 "train one with critics.train.train_critic")
-    return _load(str(path.resolve()), (marker if marker.exists() else path / "config.json").stat().st_mtime)
+    return _load(str(path.resolve()), (marker if marker.exists() else path / "config.json").stat().st_mtime,
+                 device or resolve_device(None))
 
 
 def score_loaded(critic, texts: Sequence[str], batch_size: int = 64, max_length: int = 64,
@@ -93,7 +96,8 @@ def score_model(model, tokenizer, texts: Sequence[str], batch_size: int = 64, ma
 
 
 def score_texts(model_dir: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
-                max_length: int = 64, progress: bool = True) -> np.ndarray:
-    """P(valid) of each text under the critic saved in ``model_dir``; shape ``(len(texts),)``."""
-    return score_loaded(load_critic(model_dir), texts, batch_size=batch_size, max_length=max_length,
+                max_length: int = 64, progress: bool = True, device: str | None = None) -> np.ndarray:
+    """P(valid) of each text under the critic saved in ``model_dir`` (on ``device``, see ``load_critic``);
+    shape ``(len(texts),)``."""
+    return score_loaded(load_critic(model_dir, device), texts, batch_size=batch_size, max_length=max_length,
                         progress=progress)

@@ -10,7 +10,7 @@
     test_scores.jsonl      test statements (every reported number) with gold label, critic score, perplexity
     probe_scores.jsonl     the invariance probes (i2d2/data/annotations/probes.jsonl) with their scores
     split.json             the train / dev / test concepts (no concept on two sides)
-    metrics.json           the summary this function returns
+    metrics.json           the summary this function returns (its paths relative to out_dir)
     epochs/                per-epoch validation PR curve + histogram (PRCurveCallback)
     checkpoints/           Lightning checkpoints while training (a killed run resumes from last.ckpt);
                            removed once model/ exists unless keep_checkpoints=true
@@ -33,7 +33,9 @@ from omegaconf import DictConfig, OmegaConf
 from critics.data import (Collator, LoadReport, StatementDataset, canonical_statement, grouped_split3, label_mapping,
                           load_annotations)
 from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
-from i2d2.io import atomic_dir, load_state_dict, write_json, write_jsonl
+from i2d2.io import atomic_dir, write_json, write_jsonl
+from i2d2.lightning_setup import (build_trainer, checkpoint_weights, full_weights, resolve_device,
+                                  resume_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +72,7 @@ def _model_complete(model_dir: Path) -> bool:
 
 
 def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Path, trainer_cfg, tracker):
-    import hydra
     import lightning as L
-    import torch
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
     from torch.utils.data import DataLoader
@@ -100,25 +100,30 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     if cfg["patience"]:
         callbacks.append(EarlyStopping(monitor=cfg["monitor"], mode="max", patience=int(cfg["patience"])))
     logger = tracker.logger if tracker is not None and tracker.logger is not None else CSVLogger(out_dir, name="logs")
-    overrides = dict(max_epochs=int(cfg["max_epochs"]), callbacks=callbacks, logger=logger,
-                     default_root_dir=str(out_dir), enable_checkpointing=True)
-    if trainer_cfg is None:
-        trainer = L.Trainer(accelerator="auto", devices=1, **overrides)
-    else:
-        trainer = hydra.utils.instantiate(trainer_cfg, **overrides)
-    last = ckpt_dir / "last.ckpt"
-    resume = str(last) if last.exists() else None
+    trainer = build_trainer(trainer_cfg, micro_batch=int(cfg["batch_size"]), where="critic trainer",
+                            max_epochs=int(cfg["max_epochs"]), callbacks=callbacks, logger=logger,
+                            default_root_dir=str(out_dir), enable_checkpointing=True)
+    resume = resume_checkpoint(ckpt_dir / "last.ckpt", trainer)
     if resume:
         log.info("critic: resuming training from %s", resume)
     t0 = time.time()
     trainer.fit(module, train, val, ckpt_path=resume)
     fit_s = time.time() - t0
+    with full_weights(trainer, module, modifier_rank=0):  # ZeRO-3: every rank joins; rank 0 loads and saves
+        if trainer.is_global_zero:
+            _save_best(cfg, module, tok, ckpt, trainer, model_dir, fit_s)
     if not trainer.is_global_zero:
         return None
+    if not cfg["keep_checkpoints"]:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    return fit_s
+
+
+def _save_best(cfg: dict, module, tok, ckpt, trainer, model_dir: Path, fit_s: float) -> None:
+    """The checkpoint best by ``monitor`` into ``model_dir`` (save_pretrained + critic_meta.json), atomically."""
     best = ckpt.best_model_path
     if best and Path(best).exists():
-        state = load_state_dict(best)
-        module.load_state_dict(state)
+        module.load_state_dict(checkpoint_weights(best))
         log.info("critic: best epoch by %s = %.4f (%s)", cfg["monitor"], float(ckpt.best_model_score), best)
     with atomic_dir(model_dir) as tmp:  # a temporary sibling renamed into place
         module.model.save_pretrained(tmp)
@@ -130,9 +135,6 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
             "monitor": cfg["monitor"], "epochs_trained": int(trainer.current_epoch), "fit_seconds": round(fit_s, 1),
             "label_map": label_mapping(cfg["label_map"]),
         })
-    if not cfg["keep_checkpoints"]:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-    return fit_s
 
 
 def _lm_name(model) -> str:
@@ -210,14 +212,14 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
 
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return {"model_dir": str(model_dir)}  # a probe fits in seconds on rank 0
-        fit_s = fit_probe(cfg, texts, ys, train_idx, dev_idx, model_dir)
+        fit_s = fit_probe(cfg, texts, ys, train_idx, dev_idx, model_dir, device=resolve_device(trainer_cfg))
     else:
         fit_s = _fit(cfg, texts, ys, train_idx, dev_idx, out_dir, model_dir, trainer_cfg, tracker)
         if fit_s is None:  # non-zero rank of a multi-process fit: rank 0 evaluates and writes
             return {"model_dir": str(model_dir)}
 
     # ---- evaluation with the saved model (what the filter will use): δ on dev, every number on test
-    critic = load_critic(model_dir)
+    critic = load_critic(model_dir, resolve_device(trainer_cfg))
 
     def critic_scores(batch: list[str]) -> np.ndarray:
         return score_loaded(critic, batch, batch_size=int(cfg["eval_batch_size"]), progress=True)
@@ -280,7 +282,9 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
                     "probe_*": "probes.jsonl (hand-written, never trained on)"},
         "pr_curve": str(out_dir / "pr_curve.png"), "score_histogram": str(out_dir / "score_histogram.png"),
     }
-    write_json(out_dir / "metrics.json", summary)
+    # the file names its files relative to out_dir, so the folder can move (with its run); the caller gets paths
+    write_json(out_dir / "metrics.json", {**summary, **{k: Path(summary[k]).relative_to(out_dir).as_posix()
+                                                        for k in ("model_dir", "pr_curve", "score_histogram")}})
     if tracker is not None:
         tracker.log_metrics({f"critic/{k}": v for k, v in summary.items()
                              if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None})

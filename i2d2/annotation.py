@@ -22,7 +22,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from critics.data import label_mapping, normalize_label, normalize_statement, parse_votes, resolve_annotation_path
-from i2d2.io import DataError, read_csv, read_jsonl, write_csv, write_jsonl, write_text
+from i2d2.io import DataError, open_text, read_csv, read_jsonl, write_csv, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def _read_labelled(path: Path) -> list[tuple[int, dict]]:
     if path.suffix.lower() == ".csv":
         return [(r.pop("_line"), r) for r in read_csv(path, required=("statement", "concept"))]
     out = []
-    with open(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if line.strip():
                 try:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from i2d2.io import DataError, iter_jsonl
+from i2d2.io import DataError, iter_jsonl, text_lines
 
 KINDS = ("noun", "goal")
 FORMATS = ("lines", "jsonl", "genericskb", "conceptnet")
@@ -77,16 +77,15 @@ def load_lines(path, kind: str = "noun", on_error: str = "skip", errors: list | 
     path = Path(path)
     report = _Reporter(path, on_error, errors)
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            try:
-                text = validate_concept(line.rstrip("\n"), max_words)
-            except ValueError as e:
-                report(lineno, str(e))
-                continue
-            out.append(Concept(text, kind, source=f"{path.name}:{lineno}"))
+    for lineno, line in enumerate(text_lines(path), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            text = validate_concept(line.rstrip("\n"), max_words)
+        except ValueError as e:
+            report(lineno, str(e))
+            continue
+        out.append(Concept(text, kind, source=f"{path.name}:{lineno}"))
     return out
 
 
@@ -130,40 +129,39 @@ def load_genericskb(path, on_error: str = "skip", errors: list | None = None, mi
     counts: Counter = Counter()
     names: dict[str, str] = {}
     first_line: "OrderedDict[str, int]" = OrderedDict()
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if header is None:
-            raise DataError(f"{path}:1: empty file, expected a GenericsKB TSV header")
-        missing = [c for c in (term_column, sentence_column) if c not in header]
-        if missing:
-            raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
-        ti, si = header.index(term_column), header.index(sentence_column)
-        sc = header.index(score_column) if min_score is not None and score_column in header else None
-        for row in reader:
-            lineno = reader.line_num
-            if not row or all(not c.strip() for c in row):
-                continue
-            try:
-                if len(row) != len(header):
-                    raise ValueError(f"expected {len(header)} tab-separated columns, got {len(row)}")
-                term = validate_concept(row[ti], max_words)
-                if not row[si].strip():
-                    raise ValueError(f"empty {sentence_column}")
-                if sc is not None:
-                    try:
-                        score = float(row[sc])
-                    except ValueError:
-                        raise ValueError(f"{score_column} is not a number: {row[sc]!r}") from None
-                    if score < min_score:
-                        continue
-            except ValueError as e:
-                report(lineno, str(e))
-                continue
-            key = term.lower()
-            counts[key] += 1
-            first_line.setdefault(key, lineno)
-            names.setdefault(key, term)
+    reader = csv.reader(text_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
+    header = next(reader, None)
+    if header is None:
+        raise DataError(f"{path}:1: empty file, expected a GenericsKB TSV header")
+    missing = [c for c in (term_column, sentence_column) if c not in header]
+    if missing:
+        raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)} (has {', '.join(header)})")
+    ti, si = header.index(term_column), header.index(sentence_column)
+    sc = header.index(score_column) if min_score is not None and score_column in header else None
+    for row in reader:
+        lineno = reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        try:
+            if len(row) != len(header):
+                raise ValueError(f"expected {len(header)} tab-separated columns, got {len(row)}")
+            term = validate_concept(row[ti], max_words)
+            if not row[si].strip():
+                raise ValueError(f"empty {sentence_column}")
+            if sc is not None:
+                try:
+                    score = float(row[sc])
+                except ValueError:
+                    raise ValueError(f"{score_column} is not a number: {row[sc]!r}") from None
+                if score < min_score:
+                    continue
+        except ValueError as e:
+            report(lineno, str(e))
+            continue
+        key = term.lower()
+        counts[key] += 1
+        first_line.setdefault(key, lineno)
+        names.setdefault(key, term)
     return [Concept(names[k], "noun", source=f"{path.name}:{ln}") for k, ln in first_line.items()
             if counts[k] >= min_statements]
 
@@ -189,33 +187,32 @@ def load_conceptnet(path, on_error: str = "skip", errors: list | None = None, re
     relations, targets, related_relations = set(relations), {t.lower() for t in targets}, set(related_relations)
     concepts: "OrderedDict[str, Concept]" = OrderedDict()
     related: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE)
-        for row in reader:
-            lineno = reader.line_num
-            if not row or all(not c.strip() for c in row):
+    reader = csv.reader(text_lines(path), delimiter=delimiter, quoting=csv.QUOTE_NONE)
+    for row in reader:
+        lineno = reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        try:
+            if len(row) < 4:
+                raise ValueError(f"expected >= 4 columns (edge, relation, start, end), got {len(row)}")
+            rel, start, end = row[1], row[2], row[3]
+            if not rel.startswith("/r/"):
+                raise ValueError(f"not a ConceptNet relation URI: {rel!r}")
+            if rel not in relations and rel not in related_relations:
                 continue
             try:
-                if len(row) < 4:
-                    raise ValueError(f"expected >= 4 columns (edge, relation, start, end), got {len(row)}")
-                rel, start, end = row[1], row[2], row[3]
-                if not rel.startswith("/r/"):
-                    raise ValueError(f"not a ConceptNet relation URI: {rel!r}")
-                if rel not in relations and rel not in related_relations:
-                    continue
-                try:
-                    head, tail = conceptnet_text(start, language), conceptnet_text(end, language)
-                except LookupError:
-                    continue  # another language: not an error
-                head = validate_concept(head, max_words)
-                tail = validate_concept(tail, max_words)
-            except ValueError as e:
-                report(lineno, str(e))
-                continue
-            if rel in relations and tail.lower() in targets:
-                concepts.setdefault(head.lower(), Concept(head, "noun", source=f"{path.name}:{lineno}"))
-            if rel in related_relations and head.lower() != tail.lower():
-                related.setdefault(head.lower(), []).append(tail)
+                head, tail = conceptnet_text(start, language), conceptnet_text(end, language)
+            except LookupError:
+                continue  # another language: not an error
+            head = validate_concept(head, max_words)
+            tail = validate_concept(tail, max_words)
+        except ValueError as e:
+            report(lineno, str(e))
+            continue
+        if rel in relations and tail.lower() in targets:
+            concepts.setdefault(head.lower(), Concept(head, "noun", source=f"{path.name}:{lineno}"))
+        if rel in related_relations and head.lower() != tail.lower():
+            related.setdefault(head.lower(), []).append(tail)
     for key, c in concepts.items():
         c.related = _dedupe(related.get(key, []))[:max_related]
     return list(concepts.values())
@@ -237,6 +234,16 @@ def resolve_path(path: str, base_dir: str | None) -> Path:
         return p
     base = Path(base_dir).expanduser() if base_dir else Path(__file__).parent / "data" / "generics"
     return base / p
+
+
+def data_files(cfg_data) -> list[Path]:
+    """Every file the prompt builder reads for ``cfg_data`` (enabled concept sources, relational-phrase lists),
+    resolved as the loaders resolve them: stages fingerprint these files' bytes, so an edited concepts.txt is
+    a new input even though its path is the same."""
+    base = cfg_data.get("dir")
+    paths = [resolve_path(src["path"], base) for src in (cfg_data.get("sources") or {}).values() if src]
+    paths += [resolve_path(rel, base) for rel in (cfg_data.get("relations") or {}).values() if rel]
+    return paths
 
 
 def load_source(src: dict, base_dir: str | None = None, on_error: str = "skip", errors: list | None = None,
@@ -288,14 +295,13 @@ def load_concepts(cfg_data, errors: list | None = None) -> list[Concept]:
 def load_phrases(path: Path) -> list[str]:
     """A relational-phrase list: one phrase per line, ``#`` comments and blanks ignored."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            s = " ".join(line.split())
-            if not s or s.startswith("#"):
-                continue
-            if not all(w.replace("'", "").isalpha() for w in s.split()):
-                raise DataError(f"{path}:{lineno}: relational phrase must be words, got {s!r}")
-            out.append(s)
+    for lineno, line in enumerate(text_lines(path), 1):
+        s = " ".join(line.split())
+        if not s or s.startswith("#"):
+            continue
+        if not all(w.replace("'", "").isalpha() for w in s.split()):
+            raise DataError(f"{path}:{lineno}: relational phrase must be words, got {s!r}")
+        out.append(s)
     if not out:
         raise DataError(f"{path}: no relational phrases")
     return _dedupe(out)

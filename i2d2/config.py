@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import logging
 import os
+from importlib.resources import files
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = ROOT / "conf"
+# conf/ sits at the top of the checkout and is installed as this package (setup.py): in a wheel it is
+# site-packages/i2d2/_conf, in an editable install the checkout's conf/.
+CONF_PACKAGE = "i2d2._conf"
+HYDRA_CONFIG_PATH = f"pkg://{CONF_PACKAGE}"  # config_path of the Hydra entry points
+
+
+def _conf_dir() -> Path:
+    try:
+        return Path(str(files(CONF_PACKAGE)))
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(f"{CONF_PACKAGE} (the configs) is not installed: run `pip install -e .` in the "
+                                  "checkout, or install the i2d2 wheel") from None
+
+
+CONF_DIR = _conf_dir()
 
 
 def conf_path(rel: str) -> str:
@@ -51,3 +65,77 @@ def setup_run(cfg) -> None:
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+
+
+# ----------------------------------------------------------------------------- unknown keys
+
+class UnknownKeyError(ValueError):
+    """A config key that nothing reads (a typo would otherwise run the default, silently, until a late stage)."""
+
+
+def _schema(group: str, recipe: str | None = None) -> dict:
+    """The union of the keys the shipped conf/<group>/*.yaml files define: for ``task``, the task files of the
+    same recipe (their ``task:`` node); for another group, the whole files plus what task files set in it."""
+    schema: dict = {}
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        if group == "task":
+            node = node.get("task") or {}
+            if node.get("recipe") != recipe:
+                continue
+        _merge(schema, {k: v for k, v in node.items() if k != "defaults"})
+    if group != "task":
+        for path in sorted((CONF_DIR / "task").glob("*.yaml")):
+            _merge(schema, OmegaConf.to_container(OmegaConf.load(path), resolve=False).get(group) or {})
+    return schema
+
+
+def _merge(into: dict, node: dict) -> None:
+    for k, v in node.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        elif isinstance(v, dict) and v:
+            into[k] = dict(v)
+        else:
+            into.setdefault(k, v)
+
+
+def _unknown_keys(node, schema: dict, where: str) -> list[str]:
+    out = []
+    for k, v in node.items():
+        if k not in schema:
+            out.append(f"{where}.{k}")
+        elif isinstance(schema[k], dict) and schema[k] and isinstance(v, dict):
+            out += _unknown_keys(v, schema[k], f"{where}.{k}")  # an empty or null default is free-form
+    return out
+
+
+CHECKED_SECTIONS = ("task.filter", "task.finetune", "decoding")
+
+
+def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
+    """Reject, naming the key, any key under ``sections`` that no shipped config of that section defines.
+
+    The shipped YAML files are the schema (every key a stage reads has a documented default there), so the
+    check needs no list kept by hand; a ``task.*`` section is checked against the task files with the same
+    ``task.recipe``, and skipped for a recipe no shipped file uses. Runs at start-up, before any model loads."""
+    recipe = OmegaConf.select(cfg, "task.recipe")
+    bad = []
+    for section in sections:
+        node = OmegaConf.select(cfg, section)
+        if node is None:
+            continue
+        group, *rest = section.split(".")
+        schema = _schema(group, recipe)
+        for part in rest:
+            schema = schema.get(part) if isinstance(schema, dict) else None
+        if not schema:
+            continue
+        bad += _unknown_keys(OmegaConf.to_container(node, resolve=False), schema, section)
+    if bad:
+        known = {s: sorted(OmegaConf.to_container(OmegaConf.select(cfg, s), resolve=False)) for s in sections
+                 if OmegaConf.select(cfg, s) is not None}
+        raise UnknownKeyError(f"unknown config key(s): {', '.join(bad)} (not defined by any shipped config under "
+                              f"{CONF_DIR}; check the spelling). Known keys: "
+                              + "; ".join(f"{s}: {', '.join(k for k in ks if f'{s}.{k}' not in bad)}"
+                                          for s, ks in known.items() if any(b.startswith(s + '.') for b in bad)))

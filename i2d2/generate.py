@@ -55,6 +55,8 @@ def resolve_model(cfg) -> tuple[str, int | None]:
 def resolve_critic(cfg, upto: int | None) -> dict:
     import json
 
+    from i2d2.io import in_run
+
     g, run_dir = cfg.generate, Path(cfg.run_dir)
     if g.get("critic"):
         path = Path(g.critic)
@@ -67,18 +69,21 @@ def resolve_critic(cfg, upto: int | None) -> dict:
     dirs = [d for d in dirs if upto is None or int(d.parent.parent.name.split("_")[1]) <= upto]
     if not dirs:
         raise GenerateError(f"no trained critic in run_dir={run_dir}; run the loop first or set generate.critic=DIR")
-    return json.loads(dirs[-1].read_text())["summary"]
+    info = json.loads(dirs[-1].read_text())["summary"]
+    return {**info, "model_dir": str(in_run(info["model_dir"], run_dir))}  # recorded relative to run_dir
 
 
 def read_concepts(g) -> list[str]:
     from i2d2.concepts import validate_concept
+    from i2d2.io import text_lines
 
     items = [str(c) for c in (g.get("concepts") or [])]
     if g.get("concepts_file"):
         path = Path(g.concepts_file)
         if not path.exists():
             raise GenerateError(f"generate.concepts_file={path}: file not found")
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        for lineno, line in enumerate(text_lines(path), 1):
+            line = line.rstrip("\r\n")
             if line.strip() and not line.lstrip().startswith("#"):
                 items.append((line, f"{path}:{lineno}"))
     out = []
@@ -100,6 +105,7 @@ def generate(cfg: DictConfig) -> list[dict]:
     from critics.scoring import score_texts
     from i2d2.generation import generate_stage
     from i2d2.io import read_jsonl, write_jsonl
+    from i2d2.lightning_setup import resolve_device
     from i2d2.models import load_causal_lm
     from i2d2.prompts import build_generic_prompts
     from trainers.lm_finetune import join_statement
@@ -140,7 +146,8 @@ def generate(cfg: DictConfig) -> list[dict]:
         rows = read_jsonl(work / "generations" / "generations.jsonl")
         for r in rows:
             r["statement"] = join_statement(r["prompt"], r["generation"])
-        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows]) if rows else np.zeros(0)
+        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
+                             device=resolve_device(cfg.trainer)) if rows else np.zeros(0)
         for r, s in zip(rows, scores):
             r["critic_score"] = float(s)
             r["accepted"] = bool(delta is None or s > delta)
@@ -153,7 +160,8 @@ def generate(cfg: DictConfig) -> list[dict]:
     return rows
 
 
-def _print(rows, concepts, top_k, delta, only_accepted, model_name, critic_dir, file=sys.stdout):
+def _print(rows, concepts, top_k, delta, only_accepted, model_name, critic_dir, file=None):
+    file = file or sys.stdout  # looked up at call time: a default bound at import would miss a redirected stdout
     print(f"# model: {model_name}\n# critic: {critic_dir} (δ = {'–' if delta is None else f'{delta:.3f}'})", file=file)
     for c in concepts:
         mine, seen = [], set()
@@ -171,14 +179,32 @@ def _print(rows, concepts, top_k, delta, only_accepted, model_name, critic_dir, 
             print(f"  {r['critic_score']:.3f} {mark} {r['statement']}", file=file)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+@hydra.main(version_base="1.3", config_path=config.HYDRA_CONFIG_PATH, config_name="generate")
 def main(cfg: DictConfig):
+    """Checks first (config keys, model names, the lock on ``generate.out_dir``, the one folder this command
+    writes; run_dir is only read, and every file in it is written atomically), then the pipeline."""
+    from i2d2.io import DataError, RunLock
+    from i2d2.train import check_start
+
+    try:
+        check_start(cfg)
+        if cfg.generate.get("model"):
+            from i2d2.models import check_model_name
+
+            check_model_name(str(cfg.generate.model), "causal LM", "generate.model")
+        lock = RunLock(cfg.generate.out_dir).acquire() if cfg.generate.get("out_dir") else None
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     config.setup_run(cfg)
     try:
         generate(cfg)
-    except (GenerateError, FileNotFoundError) as e:
+    except (GenerateError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":

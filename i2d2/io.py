@@ -8,8 +8,10 @@ a restart would take for finished work.
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -17,22 +19,83 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+log = logging.getLogger(__name__)
+
 
 class DataError(ValueError):
     """Bad input, with the file and line (or field) it came from."""
+
+
+# ----------------------------------------------------------------------------- reading text
+
+def text_lines(path: str | os.PathLike) -> Iterator[str]:
+    """The lines of a UTF-8 text file (line ends kept, a leading BOM dropped), decoded one at a time.
+
+    Every text input goes through here: bytes that are not UTF-8 raise DataError naming ``file:line`` and the
+    column instead of a bare UnicodeDecodeError, and a large file (ConceptNet) is never held in memory whole.
+    Lines are split on ``\\n`` in bytes, which never occurs inside a multi-byte UTF-8 character, so csv readers
+    (``newline=''`` semantics: ``\\r\\n`` kept) can consume the result directly.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                raise DataError(f"{path}:1: file is UTF-16 (byte-order mark {raw[:2]!r}); save it as UTF-8")
+            try:
+                yield raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                bad = raw[e.start:e.end]
+                col = len(raw[:e.start].decode("utf-8", errors="replace")) + 1
+                raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte(s) {bad!r} at column {col}); "
+                                "save the file as UTF-8") from None
+
+
+@contextmanager
+def open_text(path: str | os.PathLike) -> Iterator[Iterator[str]]:
+    """``with open_text(path) as f:`` in place of ``open(path)``: iterate ``f`` for lines (see text_lines)."""
+    lines = text_lines(path)
+    try:
+        yield lines
+    finally:
+        lines.close()
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """A whole (small) UTF-8 text file; bad encoding raises DataError naming ``file:line``."""
+    return "".join(text_lines(path))
+
+
+# ----------------------------------------------------------------------------- writing atomically
+
+def _cannot_write(path: Path, e: OSError) -> OSError:
+    """The same OSError type (PermissionError, ...) with a message naming the file we meant to write."""
+    err = type(e)(e.errno, f"cannot write {path}: {e.strerror or e}")
+    err.filename = str(path)
+    return err
+
+
+def _is_write_error(e: OSError, *paths: Path) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) or str(e.filename) in {str(p) for p in paths}
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success rename it over ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # A unique name created with open(): unlike mkstemp, the file gets the user's umask permissions.
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    open(tmp, "x").close()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        open(tmp, "x").close()
+    except OSError as e:  # read-only run_dir, full disk: say which file, leave nothing behind
+        raise _cannot_write(path, e) from None
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:
+        if not _is_write_error(e, tmp, path):
+            raise  # e.g. an input the caller failed to read: its own message is the right one
+        raise _cannot_write(path, e) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -45,9 +108,12 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     import shutil
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise _cannot_write(path, e) from None
     try:
         yield tmp
         old = None
@@ -93,6 +159,9 @@ def load_state_dict(path: str | os.PathLike) -> dict:
 
     import torch
 
+    from i2d2.checkpoints import verify
+
+    verify(path)  # size/hash against the record written at save time: a truncated file names itself
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
@@ -106,23 +175,22 @@ def read_json(path: str | os.PathLike):
     """Parse a JSON file; a syntax error raises DataError naming file:line."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str | None]]:
     """``(line number, object, None)`` for each good line, ``(line number, None, problem)`` for a bad one."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                yield lineno, None, str(e)
-                continue
-            yield (lineno, row, None) if isinstance(row, dict) else (lineno, None, "expected a JSON object")
+    for lineno, line in enumerate(text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            yield lineno, None, str(e)
+            continue
+        yield (lineno, row, None) if isinstance(row, dict) else (lineno, None, "expected a JSON object")
 
 
 def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: str = "raise",
@@ -150,12 +218,11 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: 
 
 def read_csv(path: str | os.PathLike, required: Iterable[str] = ()) -> list[dict]:
     path = Path(path)
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [k for k in required if k not in (reader.fieldnames or [])]
-        if missing:
-            raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}")
-        return [dict(r, _line=i) for i, r in enumerate(reader, 2)]
+    reader = csv.DictReader(text_lines(path))
+    missing = [k for k in required if k not in (reader.fieldnames or [])]
+    if missing:
+        raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}")
+    return [dict(r, _line=i) for i, r in enumerate(reader, 2)]
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict], columns: list[str] | None = None) -> Path:
@@ -178,9 +245,9 @@ def fingerprint(*parts: Any) -> str:
                 for q in sorted(p.rglob("*")):
                     if q.is_file() and not q.name.startswith("."):
                         h.update(str(q.relative_to(p)).encode())
-                        h.update(_file_digest(q).encode())
+                        h.update(file_digest(q).encode())
             elif p.exists():
-                h.update(_file_digest(p).encode())
+                h.update(file_digest(p).encode())
             else:
                 h.update(b"<missing>")
         else:
@@ -189,7 +256,15 @@ def fingerprint(*parts: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def _file_digest(path: Path) -> str:
+def model_fingerprint(name: str) -> str:
+    """A fingerprint part for a model: the bytes of its files for a local folder (a model retrained into the same
+    folder is a new input), its name for a packaged, tiny or hub model."""
+    path = Path(str(name)).expanduser()
+    return fingerprint(path) if path.is_dir() else str(name)
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 hex digest of a file's bytes, read in blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -204,37 +279,206 @@ STARTED = "_STARTED.json"
 def stage_done(out_dir: str | os.PathLike, fp: str) -> dict | None:
     """The summary a finished stage left in ``out_dir``, if it finished with the same fingerprint."""
     marker = Path(out_dir) / DONE
-    if marker.exists():
+    try:
         info = json.loads(marker.read_text())
-        if info.get("fingerprint") == fp:
-            return info.get("summary", {})
-    return None
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        log.warning("%s is damaged (not JSON): the stage will be redone", marker)
+        return None
+    return info.get("summary", {}) if isinstance(info, dict) and info.get("fingerprint") == fp else None
 
 
 def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None) -> None:
     write_json(Path(out_dir) / DONE, {"fingerprint": fp, "summary": summary or {}})
 
 
-def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | None], name: str = "") -> dict:
+def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | None], name: str = "",
+              outputs: Iterable[str | os.PathLike] = ()) -> dict:
     """Run ``fn(out_dir)`` unless ``out_dir`` already holds a finished run with fingerprint ``fp``.
 
     A stage whose inputs or config changed gets a new fingerprint and is redone; ``fn`` itself is
     responsible for resuming from finished units (shards, checkpoints) inside ``out_dir``.
+    ``outputs``: what the stage writes outside ``out_dir`` (the fine-tuned ``iter_k/model``): removed before
+    ``fn`` runs with new inputs, so that a failed or killed redo never leaves a previous result where the next
+    stage reads it (a resumed run with the same fingerprint keeps them: they come from the same inputs).
     """
-    import logging
-
     out_dir = Path(out_dir)
     done = stage_done(out_dir, fp)
     if done is not None:
-        logging.getLogger(__name__).info("stage %s: already finished in %s, skipping", name or out_dir.name, out_dir)
+        log.info("stage %s: already finished in %s, skipping", name or out_dir.name, out_dir)
         return done
-    started = out_dir / STARTED
-    if started.exists() and json.loads(started.read_text()).get("fingerprint") != fp:
-        # Finished or partial work from other inputs/config is stale: start the stage afresh.
-        logging.getLogger(__name__).info("stage %s: inputs changed, redoing it", name or out_dir.name)
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(started, {"fingerprint": fp})
+    prepare_stage(out_dir, fp, name, outputs)
     summary = fn(out_dir) or {}
     mark_done(out_dir, fp, summary)
     return summary
+
+
+def _stage_fingerprint(out_dir: Path) -> str | None:
+    """The fingerprint of the work in ``out_dir`` (started or finished), None for an empty/new folder."""
+    for marker in (STARTED, DONE):
+        try:
+            return json.loads((out_dir / marker).read_text()).get("fingerprint")
+        except FileNotFoundError:
+            continue
+        except ValueError:  # a damaged marker: the work it describes cannot be trusted
+            return "<damaged>"
+    return None
+
+
+def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Make ``out_dir`` ready for (re)running a stage with fingerprint ``fp``: work from other inputs, config or
+    format version is removed (partial work with the same ``fp`` is kept to resume from), then ``_STARTED``."""
+    out_dir = Path(out_dir)
+    old = _stage_fingerprint(out_dir)
+    if old is not None and old != fp:
+        log.info("stage %s: inputs changed, redoing it (removing %s)", name or out_dir.name, out_dir)
+        shutil.rmtree(out_dir)
+    for extra in map(Path, outputs) if old != fp else ():  # resuming this very work keeps what it wrote
+        if extra.exists() or extra.is_symlink():
+            log.info("stage %s: removing %s before running (a previous result, not current until the stage "
+                     "finishes)", name or out_dir.name, extra)
+            shutil.rmtree(extra) if extra.is_dir() and not extra.is_symlink() else extra.unlink()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / STARTED, {"fingerprint": fp})
+
+
+# ----------------------------------------------------------------------------- one writer per run_dir
+
+LOCK = ".i2d2.lock"          # held with flock (released by the kernel when the holder dies, even by SIGKILL)
+LOCK_INFO = "_LOCK.json"     # who holds it: host, pid, command, start time; removed on a clean exit
+
+
+class RunLockedError(RuntimeError):
+    """Another live process is writing the same run_dir."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _holder(info: dict) -> str:
+    return (f"pid {info.get('pid')} on host {info.get('host')} (started {info.get('started')}: "
+            f"{info.get('command') or '?'})")
+
+
+class RunLock:
+    """An exclusive lock on a run_dir: one writer at a time, whatever launched it.
+
+    The lock is ``flock`` on ``run_dir/.i2d2.lock`` (filelock), so a holder killed with SIGKILL releases it
+    with its last file descriptor; ``_LOCK.json`` beside it names the holder (host, pid, command) for the
+    message a second launch gets. Found with a dead holder (no flock held, the file left behind by a killed
+    run) it is taken over with a warning. On file systems without flock (some network mounts) the fallback is
+    an exclusive-create of ``_LOCK.json`` with the pid checked on this host: a lock left by a dead pid here is
+    taken over with a warning; one from another host must be removed by hand (the message says so).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.info_path = self.run_dir / LOCK_INFO
+        self._flock = None
+        self._held = False
+
+    def _info(self) -> dict:
+        import datetime
+        import socket
+        import sys
+
+        return {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv),
+                "started": datetime.datetime.now().isoformat(timespec="seconds")}
+
+    def _read_info(self) -> dict | None:
+        try:
+            return json.loads(self.info_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def acquire(self) -> "RunLock":
+        import filelock
+
+        if self._held:  # ``with lock:`` on a lock already taken
+            return self
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            lock = filelock.FileLock(self.run_dir / LOCK, timeout=0)
+            lock.acquire()
+        except filelock.Timeout:
+            info = self._read_info()
+            who = _holder(info) if info else "a process that is still starting"
+            raise RunLockedError(f"run_dir {self.run_dir} is in use by {who}. Wait for it to finish, stop it, or "
+                                 "choose another run_dir=...") from None
+        except NotImplementedError:  # no flock on this file system
+            self._acquire_by_pid()
+        except OSError as e:
+            raise _cannot_write(self.run_dir / LOCK, e) from None
+        else:
+            self._flock = lock
+            stale = self._read_info()
+            if stale and stale.get("pid") != os.getpid():
+                log.warning("run_dir %s: taking over the lock left by %s, which is no longer running", self.run_dir,
+                            _holder(stale))
+            write_json(self.info_path, self._info())
+        self._held = True
+        return self
+
+    def _acquire_by_pid(self) -> None:
+        import socket
+
+        for _ in range(2):
+            try:
+                fd = os.open(self.info_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                info = self._read_info() or {}
+                here = info.get("host") == socket.gethostname()
+                if here and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"]):
+                    log.warning("run_dir %s: taking over the stale lock of %s (no such process)", self.run_dir,
+                                _holder(info))
+                    self.info_path.unlink(missing_ok=True)
+                    continue
+                hint = "" if here else f"; if that process is gone, delete {self.info_path}"
+                raise RunLockedError(f"run_dir {self.run_dir} is in use by {_holder(info)}{hint}") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(self._info(), f)
+            return
+        raise RunLockedError(f"run_dir {self.run_dir}: could not take the lock ({self.info_path} keeps reappearing)")
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        info = self._read_info()
+        if info and info.get("pid") == os.getpid():
+            self.info_path.unlink(missing_ok=True)
+        if self._flock is not None:
+            self._flock.release()
+            self._flock = None
+        self._held = False
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# ----------------------------------------------------------------------------- paths stored inside a run
+
+def run_relative(path: str | os.PathLike, run_dir: str | os.PathLike) -> str:
+    """How a run records a path (stage summaries, markers, metrics, reports): relative to ``run_dir`` when it names
+    something that exists inside it, so that the run folder can be moved and continued from any working directory;
+    anything else (a bundled or user file, a model name such as ``packaged:minilm``) as given."""
+    target, root = Path(path).absolute(), Path(run_dir).absolute()
+    if not target.exists() or not target.resolve().is_relative_to(root.resolve()):
+        return str(path)
+    return target.resolve().relative_to(root.resolve()).as_posix()
+
+
+def in_run(stored: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
+    """A path a run recorded with ``run_relative``, as a path to open: relative ones are under ``run_dir``."""
+    stored = Path(stored)
+    return stored if stored.is_absolute() else Path(run_dir) / stored

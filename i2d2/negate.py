@@ -5,7 +5,9 @@
 
 Prints the kept negations per sentence (with their negation type); ``--out`` writes every kept row as
 JSON lines (original, negation, negation_type, cues, masked, answers, lev_distance), ``--dropped`` the
-filtered-out candidates with their drop reason.
+filtered-out candidates with their drop reason. Generation, masking and filter settings are those the
+adapter was trained with (saved in its negverse.json) unless given here. A missing, unreadable or empty
+``--file`` is an error (exit status 2).
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ import sys
 from pathlib import Path
 
 
-def parse_args(argv=None):
-    from i2d2.negverse.pipeline import DEFAULTS
+# option name -> CLI flag; None on the command line means "as the adapter was trained" (negverse.json)
+OPTIONS = {"num_candidates": "--num-candidates", "max_variants": "--max-variants", "max_blanks": "--max-blanks",
+           "batch_size": "--batch-size", "max_new_tokens": "--max-new-tokens", "top_p": "--top-p",
+           "temperature": "--temperature", "max_distance": "--max-distance"}
 
+
+def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m i2d2.negate", description=__doc__.split("\n\n")[0])
     p.add_argument("sentences", nargs="*", help="sentences to negate")
     p.add_argument("--file", type=Path, help="a file with one sentence a line ('#' lines skipped)")
@@ -28,16 +34,19 @@ def parse_args(argv=None):
     p.add_argument("--base", default=None, help="base causal LM (default: the one the adapter was trained on)")
     p.add_argument("--spacy", default="packaged:spacy-sm")
     p.add_argument("--lexicon", default=None, help="cue lexicon YAML (default conf/negverse/cues.yaml)")
-    p.add_argument("--num-candidates", "-n", type=int, default=DEFAULTS["num_candidates"])
-    p.add_argument("--max-variants", type=int, default=DEFAULTS["max_variants"])
-    p.add_argument("--max-blanks", type=int, default=DEFAULTS["max_blanks"])
-    p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"])
-    p.add_argument("--top-p", type=float, default=DEFAULTS["top_p"])
-    p.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
+    unset = " (default: as the adapter was trained)"
+    p.add_argument("--num-candidates", "-n", type=int, help="sampled candidates per masked variant" + unset)
+    p.add_argument("--max-variants", type=int, help="masked variants per sentence" + unset)
+    p.add_argument("--max-blanks", type=int, help="blanks per variant at most" + unset)
+    p.add_argument("--batch-size", type=int, help=unset.strip(" ()"))
+    p.add_argument("--max-new-tokens", type=int, help=unset.strip(" ()"))
+    p.add_argument("--top-p", type=float, help=unset.strip(" ()"))
+    p.add_argument("--temperature", type=float, help=unset.strip(" ()"))
     p.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
-    p.add_argument("--max-distance", type=float, default=DEFAULTS["max_distance"])
+    p.add_argument("--max-distance", type=float, help="normalised Levenshtein limit" + unset)
     p.add_argument("--no-cue-filter", action="store_true", help="keep candidates without a detected negation cue")
+    p.add_argument("--no-grammar-filter", action="store_true",
+                   help="keep candidates whose negation cue the parse puts in an ungrammatical position")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="write kept negations as JSON lines")
     p.add_argument("--dropped", type=Path, help="write dropped candidates as JSON lines")
@@ -49,6 +58,60 @@ def parse_args(argv=None):
     return args
 
 
+def input_sentences(args) -> list[str]:
+    """Command-line sentences plus those of ``--file``; a missing, unreadable or empty file is an error."""
+    from i2d2.io import DataError
+    from i2d2.negverse.data import read_sentences
+
+    sentences = [s.strip() for s in args.sentences if s.strip()]
+    if args.file:
+        try:
+            from_file = read_sentences(args.file)
+        except (OSError, UnicodeDecodeError, DataError) as e:  # missing, a folder, not UTF-8 text
+            raise InputError(f"--file {args.file}: cannot read it ({e.__class__.__name__}: {e})") from None
+        if not from_file:
+            raise InputError(f"--file {args.file}: no sentences in it (empty, or only blank and '#' lines)")
+        sentences += from_file
+    if not sentences:
+        raise InputError("no sentences to negate (all given sentences are blank)")
+    return sentences
+
+
+class InputError(ValueError):
+    """Bad input to negate (a missing, unreadable or empty file): reported on stderr, exit status 2."""
+
+
+def negation_options(args) -> tuple[dict, dict]:
+    """(options for pipeline.negate, where each came from): command line > the adapter's saved task
+    config > pipeline.DEFAULTS (only for an adapter saved without one)."""
+    from i2d2.negverse.pipeline import DEFAULTS, saved_options
+
+    saved = saved_options(args.adapter)
+    opts, source = {}, {}
+    for key in DEFAULTS:
+        if key == "seed":
+            continue
+        given = getattr(args, key, None) if key in OPTIONS else None
+        if given is not None:
+            opts[key], source[key] = given, "command line"
+        elif key in saved:
+            opts[key], source[key] = saved[key], "adapter"
+        else:
+            opts[key], source[key] = DEFAULTS[key], "default"
+    if args.greedy:
+        opts["do_sample"], source["do_sample"] = False, "command line"
+    if args.no_cue_filter:
+        opts["require_cue"], source["require_cue"] = False, "command line"
+    if args.no_grammar_filter:
+        opts["grammar"], source["grammar"] = False, "command line"
+    opts["seed"] = args.seed
+    return opts, source
+
+
+def _rounded(d: dict) -> str:
+    return json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()})
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -57,29 +120,27 @@ def main(argv=None) -> int:
     from i2d2.io import write_jsonl
     from i2d2.models import load_spacy
     from i2d2.negverse.cues import CueDetector
-    from i2d2.negverse.data import read_sentences
     from i2d2.negverse.metrics import negation_metrics
     from i2d2.negverse.model import NegVerseLM
     from i2d2.negverse.pipeline import negate
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    sentences = list(args.sentences)
-    if args.file:
-        if not args.file.exists():
-            print(f"error: --file {args.file} does not exist", file=sys.stderr)
-            return 2
-        sentences += read_sentences(args.file)
+    try:
+        sentences = input_sentences(args)
+        opts, source = negation_options(args)
+    except (InputError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    defaulted = sorted(k for k, v in source.items() if v == "default")
+    if defaulted:
+        print(f"warning: {args.adapter}/negverse.json has no saved {', '.join(defaulted)}; using the built-in "
+              f"defaults", file=sys.stderr)
     nlp = load_spacy(args.spacy)
     lm = NegVerseLM.load(args.adapter, base_name=args.base)
     detector = CueDetector(nlp, lexicon=args.lexicon)
-    kept, dropped, stats = negate(
-        lm, nlp, detector, sentences, num_candidates=args.num_candidates, batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens, do_sample=not args.greedy, top_p=args.top_p,
-        temperature=args.temperature, max_blanks=args.max_blanks, max_variants=args.max_variants,
-        max_distance=args.max_distance, require_cue=not args.no_cue_filter, seed=args.seed)
+    kept, dropped, stats = negate(lm, nlp, detector, sentences, **opts)
     for s in sentences:
-        s = s.strip()
         rows = [r for r in kept if r["original"] == s]
         print(s)
         if not rows:
@@ -90,10 +151,9 @@ def main(argv=None) -> int:
         write_jsonl(args.out, kept)
     if args.dropped:
         write_jsonl(args.dropped, dropped)
-    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in stats.items()}), file=sys.stderr)
+    print(_rounded(stats), file=sys.stderr)
     if args.metrics:
-        m = negation_metrics(kept, nlp)
-        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}), file=sys.stderr)
+        print(_rounded(negation_metrics(kept, nlp)), file=sys.stderr)
     return 0
 
 

@@ -1,22 +1,90 @@
 """Entry point: ``python -m i2d2.train [task=...] iteration=k [key=value ...]``.
 
-Thin on purpose: compose the config, set the run up, hand it to the task's recipe
-(``cfg.task.recipe``, a function ``run(cfg)`` under ``i2d2/recipes/``).
+Thin on purpose: compose the config, check it, take the run_dir lock, set the run up, hand it to the task's
+recipe (``cfg.task.recipe``, a function ``run(cfg)`` under ``i2d2/recipes/``).
+
+Start-up order: what fails on a bad config (unknown keys, unknown model names) fails first, in about a second,
+before torch/Lightning are imported; then the run_dir lock (a second launch on the same run_dir fails at once
+naming the process that holds it); then the recipe's value checks (``check_config``); only then the run.
+Each of these exits with code 2 and a one-line ``error:`` message.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from i2d2 import config  # noqa: F401  (registers the ${i2d2.*} resolvers before Hydra composes)
 
+# (config key, model kind) of the model names a run may load; each is checked before anything loads
+MODEL_KEYS = (("model.name", "causal LM"), ("critic.name", "classifier"), ("task.model", "seq2seq"))
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+
+def check_start(cfg: DictConfig) -> None:
+    """The checks that need neither a model nor torch: unknown config keys, unknown model names."""
+    from i2d2.models import check_model_name
+
+    config.check_keys(cfg)
+    for key, kind in MODEL_KEYS:
+        name = OmegaConf.select(cfg, key)
+        if isinstance(name, str):
+            check_model_name(name, kind, key)
+
+
+def check_recipe(cfg: DictConfig) -> None:
+    """The recipe's own ``check_config(cfg)``, when its module has one (values such as ``task.filter.delta=2``
+    or ``iteration=-1``), at start-up rather than when the recipe gets to it."""
+    import importlib
+
+    recipe_module = importlib.import_module(str(cfg.task.recipe).rpartition(".")[0])
+    if callable(getattr(recipe_module, "check_config", None)):
+        recipe_module.check_config(cfg)
+
+
+def launched_rank() -> int:
+    """This process's rank as its launcher set it (Lightning's subprocess launcher, torchrun, SLURM); 0 alone."""
+    for var in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return int(os.environ.get("NODE_RANK", 0) or 0) + int(os.environ.get("LOCAL_RANK", 0) or 0)
+
+
+def holds_lock(cfg: DictConfig) -> bool:
+    """Rank 0 of a run holds the run_dir lock for all its ranks; another rank skips it only when the trainer
+    config does ask for several processes (two ranks of a mis-set single-process job both try, and the second
+    fails: that is the point)."""
+    if launched_rank() == 0:
+        return True
+    from i2d2.lightning_setup import world_size_of
+
+    return world_size_of(OmegaConf.to_container(cfg.trainer, resolve=True)) == 1
+
+
+@hydra.main(version_base="1.3", config_path=config.HYDRA_CONFIG_PATH, config_name="train")
 def main(cfg: DictConfig):
-    config.setup_run(cfg)
-    recipe = hydra.utils.get_method(cfg.task.recipe)
-    return recipe(cfg)
+    from i2d2.io import RunLock
+
+    lock = None
+    try:
+        check_start(cfg)
+        if holds_lock(cfg):
+            lock = RunLock(cfg.run_dir).acquire()
+        check_recipe(cfg)
+    except (ValueError, RuntimeError, OSError) as e:  # bad key/name/value, run_dir held or not writable
+        if lock is not None:
+            lock.release()
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:  # the lock is already held: entering it as a context manager would try to take it a second time
+        config.setup_run(cfg)
+        recipe = hydra.utils.get_method(cfg.task.recipe)
+        return recipe(cfg)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path):
                  "task.pretrain.batch_size=4", "task.eval.limit=2", "task.eval.max_new_tokens=4",
                  "task.downstream.datasets=[hotpotqa,diffen]", "task.downstream.shots=[0,2]",
                  "task.downstream.models=[pretrained]", "task.downstream.finetune.steps=1",
+                 "task.downstream.finetune.dev_size=1", "task.downstream.finetune.eval_every=1",
+                 "task.downstream.seeds=[0]", "task.downstream.lr_grid=[1e-4]",
+                 "task.downstream.allow_fewer_shots=true",
                  "task.keep_checkpoints=true"]
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
@@ -79,10 +82,14 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path):
     assert summary["zero_shot"]["constant"]["answer"] in ("yes", "no")
     assert set(summary["downstream"]) == {"hotpotqa_pretrained_k0", "hotpotqa_pretrained_k2",
                                           "diffen_pretrained_k0", "diffen_pretrained_k2"}
-    assert "rougeL" in summary["downstream"]["diffen_pretrained_k0"]
+    assert "rougeL" in summary["downstream"]["diffen_pretrained_k0"]["metrics"]
+    assert summary["downstream"]["diffen_pretrained_k2"]["k_used"] == 1  # 2 items, 1 held out as dev
+    assert all(r["smoke"] for r in summary["downstream"].values())
     preds = [json.loads(x) for x in (tmp_path / "eval" / "predictions_pretrained.jsonl").read_text().splitlines()]
     assert len(preds) == 10 and {"question", "answer", "prediction", "template"} <= set(preds[0])
-    assert "Zero-shot held-out synthetic comparative QA" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "Zero-shot synthetic comparative QA on unseen entities" in report
+    assert "## Downstream" not in report and "## Smoke checks on bundled fixtures (not results)" in report
     # a finished stage is reused as is
     mtime = (tmp_path / "pretrain" / "model" / "config.json").stat().st_mtime
     assert run(cfg)["pretrain"]["steps"] == 2

@@ -10,11 +10,7 @@ from hydra import compose, initialize_config_dir
 from i2d2.config import CONF_DIR
 from i2d2.io import read_jsonl
 
-TINY = ["task=comparatives", "model=tiny_gpt2", "critic=tiny", "logger=csv", "data.max_pairs=2",
-        "data.max_pairs_per_class=1", "task.max_passes=2", "decoding.beam_size=4", "decoding.num_return=4",
-        "decoding.max_new_tokens=10", "decoding.batch_size=4", "task.filters.discriminator.critic.max_epochs=1",
-        "task.filters.dedup.distance_threshold=0.3",
-        "task.require_satisfied=false"]  # a random tiny LM rarely satisfies every clause
+TINY = ["task=comparatives", "experiment=smoke", "logger=csv"]  # conf/experiment/smoke/comparatives.yaml
 
 
 def _cfg(tmp_path, *extra):
@@ -58,8 +54,14 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     metrics = json.loads((it / "metrics.json").read_text())
     assert set(metrics["nc_xl"]) >= {"n"} and "critic" in metrics
     assert (it / "report.md").exists() and (it / "comparative_qa.jsonl").exists()
-    for q in read_jsonl(it / "comparative_qa.jsonl"):
+    qa = read_jsonl(it / "comparative_qa.jsonl")
+    for q in qa:
         assert q["text"].startswith("Question: Which of the following ") and q["answer"] in ("A", "B")
+    # §4.3: the exported QA is scored (by the generator here) with its answer balance
+    ev = metrics["comparative_qa"]
+    assert ev["n"] == len(qa) and ev["balanced"] and ev["model_is_generator"]
+    assert len(read_jsonl(it / "qa_eval" / "predictions.jsonl")) == len(qa)
+    assert "(the generator, on QA from its own output): accuracy" in (it / "report.md").read_text() or not qa
     # per-stage counts also in the tracker's CSV metrics
     logged = "".join(p.read_text() for p in Path(tmp_path).rglob("metrics.csv"))
     assert "filter/dedup/in" in logged and "filter/contradiction/out" in logged

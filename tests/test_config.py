@@ -2,13 +2,16 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from i2d2.config import CONF_DIR, ROOT
+from i2d2.config import CONF_DIR
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
 
 def _compose(overrides=()):

@@ -1,6 +1,7 @@
 """Stage I/O: atomic writes, readers that name file:line, fingerprints and stage skipping."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,156 @@ def test_load_state_dict_refuses_pickled_code(tmp_path):
     (tmp_path / "cut.ckpt").write_bytes((tmp_path / "ok.ckpt").read_bytes()[:40])
     with pytest.raises(DataError, match="cut.ckpt"):
         load_state_dict(tmp_path / "cut.ckpt")
+
+
+# ----------------------------------------------------------------------------- stage fingerprints (issue 17 part 2)
+
+def test_failed_redo_removes_the_stale_output_first(tmp_path):
+    """A stage's output outside its folder (iter_k/model) is removed before a redo runs: if the redo dies, the
+    next stage finds nothing rather than the previous result."""
+    out, model = tmp_path / "finetune", tmp_path / "model"
+
+    def writes_model(d):
+        model.mkdir(exist_ok=True)
+        (model / "config.json").write_text("{}")
+        return {}
+
+    io.run_stage(out, "fp1", writes_model, outputs=[model])
+    assert (model / "config.json").exists()
+
+    def dies(d):
+        raise RuntimeError("killed mid-redo")
+
+    with pytest.raises(RuntimeError):
+        io.run_stage(out, "fp2", dies, outputs=[model])
+    assert not model.exists() and io.stage_done(out, "fp1") is None
+
+
+def test_damaged_marker_redoes_the_stage(tmp_path):
+    out, calls = tmp_path / "s", []
+    io.run_stage(out, "fp", lambda d: calls.append(1))
+    (out / io.DONE).write_text('{"fingerprint": "f')  # truncated by a full disk
+    io.run_stage(out, "fp", lambda d: calls.append(1))
+    assert len(calls) == 2
+
+
+def test_model_fingerprint_is_the_folder_content(tmp_path):
+    m = tmp_path / "critic" / "model"
+    m.mkdir(parents=True)
+    (m / "model.safetensors").write_bytes(b"v1")
+    a = io.model_fingerprint(str(m))
+    (m / "model.safetensors").write_bytes(b"v2")  # retrained into the same folder
+    assert io.model_fingerprint(str(m)) != a
+    assert io.model_fingerprint("tiny:gpt2") == "tiny:gpt2"
+
+
+def test_prompt_inputs_are_the_concept_files_bytes(tmp_path):
+    from i2d2.concepts import data_files
+
+    (tmp_path / "nouns.txt").write_text("violin\n")
+    (tmp_path / "rel.txt").write_text("can\n")
+    data = {"dir": str(tmp_path), "sources": {"n": {"path": "nouns.txt"}, "off": None}, "relations": {"r": "rel.txt"}}
+    assert data_files(data) == [tmp_path / "nouns.txt", tmp_path / "rel.txt"]
+    before = io.fingerprint("prompts", data, *data_files(data))
+    (tmp_path / "nouns.txt").write_text("violin\ncello\n")  # same path, new content
+    assert io.fingerprint("prompts", data, *data_files(data)) != before
+
+
+def test_stage_format_version_redoes_the_stage(tmp_path, monkeypatch):
+    from i2d2.recipes import generics
+
+    calls = []
+    run = lambda: generics.stage(generics.Ranks(), tmp_path / "f", "same inputs", lambda d: calls.append(1), "filter")
+    run()
+    run()
+    assert len(calls) == 1
+    monkeypatch.setitem(generics.STAGE_FORMAT, "filter", generics.STAGE_FORMAT["filter"] + 1)
+    run()
+    assert len(calls) == 2
+
+
+# ----------------------------------------------------------------------------- checkpoints (issue 17 part 4)
+
+def _fit(tmp_path, steps, resume=None):
+    """A tiny Lightning fit through build_trainer: last.ckpt every step, verified checkpoint IO."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from i2d2.lightning_setup import build_trainer
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            return self.lin(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=2)
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0, every_n_train_steps=1)
+    trainer = build_trainer({"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1}, max_steps=steps,
+                            callbacks=[ckpt], logger=False, enable_progress_bar=False, enable_model_summary=False)
+    model = Tiny()
+    trainer.fit(model, data, ckpt_path=resume)
+    return trainer, model
+
+
+def test_checkpoints_are_recorded_and_a_damaged_newest_falls_back(tmp_path, caplog):
+    from i2d2 import checkpoints
+    from i2d2.lightning_setup import resume_checkpoint
+
+    trainer, _ = _fit(tmp_path, 3)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    prev = checkpoints.previous_path(last)
+    assert checkpoints.problem(last) is None and checkpoints.problem(prev) is None
+    assert json.loads(checkpoints.record_path(last).read_text())["size"] == last.stat().st_size
+    assert not [p for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a kill during a save on a full disk
+    with pytest.raises(io.DataError, match="last.ckpt: damaged checkpoint: size"):
+        trainer.strategy.checkpoint_io.load_checkpoint(last)
+    with caplog.at_level(logging.WARNING):
+        picked = resume_checkpoint(last, trainer)
+    assert picked == str(prev) and "damaged" in caplog.text and "previous checkpoint" in caplog.text
+    assert (last.parent / "last.ckpt.damaged").exists()
+    trainer2, _ = _fit(tmp_path, 4, resume=picked)  # the fallback resumes (step 2 -> 4)
+    assert trainer2.global_step == 4 and checkpoints.problem(last) is None
+
+
+def test_no_intact_checkpoint_restarts_the_training(tmp_path, caplog):
+    from i2d2 import checkpoints
+
+    _fit(tmp_path, 2)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    for p in (last, checkpoints.previous_path(last)):
+        data = bytearray(p.read_bytes())
+        data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, other hash
+        p.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        assert checkpoints.pick_resume(last) is None
+    assert "restarts from the beginning" in caplog.text and "SHA-256" in caplog.text
+
+
+def test_failed_checkpoint_save_surfaces_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    import errno
+    import os as os_
+
+    from i2d2.checkpoints import VerifiedCheckpointIO
+
+    cio, path = VerifiedCheckpointIO(), tmp_path / "last.ckpt"
+    cio.save_checkpoint({"state_dict": {}}, path)
+    good = path.read_bytes()
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os_, "fsync", full_disk)
+    with pytest.raises(OSError, match=r"cannot write .*last.ckpt: No space left"):
+        cio.save_checkpoint({"state_dict": {"w": 1}}, path)
+    assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.ckpt.integrity.json"]

@@ -15,22 +15,14 @@ from i2d2.models import tiny_model
 from i2d2.recipes import generics
 from i2d2.recipes.generics import ConfigError, MissingIterationError, run
 
-TINY = [
-    "model=tiny_gpt2", "critic=tiny", "critic.max_epochs=1", "logger=none",
-    "decoding.beam_size=3", "decoding.num_return=3", "decoding.max_new_tokens=6", "decoding.batch_size=4",
-    "data.perplexity.threshold=null", "data.sources.nouns.max_concepts=2", "data.sources.related.max_concepts=1",
-    "data.sources.goals.max_concepts=1", "data.generation.shard_size=2", "task.max_prompts=6",
-    "task.filter.delta=0.0", "task.filter.require_constraints=false", "task.filter.require_sentence_end=false",
-    "task.heldout.nouns=[umbrella, ladder]", "task.heldout.goals=[plant a tree]", "task.heldout.prompts_per_concept=1",
-    "task.finetune.batch_size=4",
-    "task.finetune.lr=1e-2", "task.finetune.ckpt_every_n_steps=1", "task.report.self_bleu_sample=20",
-    "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false",
-]
+pytestmark = pytest.mark.integration
+
+SMOKE = ["experiment=smoke"]  # conf/experiment/smoke.yaml + smoke/i2d2.yaml: tiny models, a few prompts
 
 
 def make_cfg(run_dir, *extra, name="train"):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose(name, overrides=[*TINY, f"run_dir={run_dir}", *extra])
+        cfg = compose(name, overrides=[*SMOKE, f"run_dir={run_dir}", *extra])
     setup_run(cfg)
     return cfg
 
@@ -78,9 +70,9 @@ def baseline(tmp_path_factory, _single_threaded):
 def test_two_iterations_chain_models_and_report(baseline):
     run_dir, (r0, r1) = baseline
     assert r0["generator"] == "tiny:gpt2"
-    assert r1["generator"] == str(run_dir / "iter_0" / "model")  # P_1 is iteration 0's output
+    assert r1["generator"] == "iter_0/model"  # P_1 is iteration 0's output (paths in a run: relative to run_dir)
     meta1 = json.loads((run_dir / "iter_1" / "model" / "i2d2_meta.json").read_text())
-    assert meta1["trained_from"] == str(run_dir / "iter_0" / "model") and meta1["iteration"] == 1
+    assert meta1["trained_from"] == "iter_0/model" and meta1["iteration"] == 1
     w_base = tiny_model("gpt2")[0].state_dict()
     w0, w1 = weights(run_dir / "iter_0" / "model"), weights(run_dir / "iter_1" / "model")
     key = "transformer.h.0.attn.c_attn.weight"

@@ -235,11 +235,16 @@ def test_dedupe_is_case_and_space_insensitive():
     assert len(kept) == 2 and dropped[0]["drop_reason"] == "duplicate"
 
 
-def test_apply_filters_chain_counts(detector):
+def test_apply_filters_chain_counts(detector, nlp):
     rows = [row("The child was not happy at school."), row("The child was not happy at school."),
-            row("Happy."), row("The child was glad at school.")]
-    kept, dropped, counts = apply_filters(rows, detector)
-    assert len(kept) == 1 and counts == {"too_far": 1, "no_negation_cue": 1, "duplicate": 1}
+            row("Happy."), row("The child was glad at school."), row("The child was happy at school none.")]
+    kept, dropped, counts = apply_filters(rows, detector, nlp=nlp)
+    assert len(kept) == 1 and counts == {"too_far": 1, "no_negation_cue": 1, "duplicate": 1,
+                                         "ungrammatical:cue_extra_argument": 1}
+    _, _, no_grammar = apply_filters([row("The child was happy at school none.")], detector, grammar=False)
+    assert no_grammar == {}
+    with pytest.raises(ValueError, match="needs the spaCy pipeline"):
+        apply_filters(rows, detector)
 
 
 # ----------------------------------------------------------------------------- rule generator / data / metrics

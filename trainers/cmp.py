@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from i2d2.cmp.data import Quintuple
 from i2d2.cmp.tasks import TASKS, Collator, ExampleBuilder, _seed
+from i2d2.lightning_setup import adamw_param_groups
 
 
 class MixedTaskBatches(Dataset):
@@ -63,13 +64,19 @@ class TaskBatches(Dataset):
 
 class CMPModule(L.LightningModule):
     def __init__(self, model, tokenizer, collator: Collator, lr: float = 3e-5, warmup_ratio: float = 0.01,
-                 weight_decay: float = 0.0, total_steps: int = 1000, tasks: list[str] = TASKS):
+                 weight_decay: float = 0.0, total_steps: int = 1000, tasks: list[str] = TASKS,
+                 callbacks: list | None = None):
         super().__init__()
         self.model, self.tokenizer, self.collator = model, tokenizer, collator
         self.lr, self.warmup_ratio, self.weight_decay, self.total_steps = lr, warmup_ratio, weight_decay, total_steps
         self.tasks = list(tasks)
         self._val: dict[str, list[float]] = {}
-        self.save_hyperparameters(ignore=["model", "tokenizer", "collator"])
+        self._callbacks = list(callbacks or [])
+        self.save_hyperparameters(ignore=["model", "tokenizer", "collator", "callbacks"])
+
+    def configure_callbacks(self):
+        """Callbacks that belong to this fit (e.g. ``DevSelection``), added to whatever trainer runs it."""
+        return self._callbacks
 
     # batches -------------------------------------------------------------------------------------
     def collate_train(self, item: dict) -> dict:
@@ -117,13 +124,45 @@ class CMPModule(L.LightningModule):
     def configure_optimizers(self):
         from transformers import get_linear_schedule_with_warmup
 
-        decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for n, p in self.model.named_parameters() if p.requires_grad and p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=self.lr)
+        opt = torch.optim.AdamW(adamw_param_groups(self.model.parameters(), self.weight_decay), lr=self.lr)
         warm = int(round(self.warmup_ratio * self.total_steps))
         sched = get_linear_schedule_with_warmup(opt, warm, max(self.total_steps, warm + 1))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class DevSelection(L.Callback):
+    """Checkpoint selection on a dev set (A.3): before training, every ``every`` steps and at the last
+    step, ``score(model) -> float`` (higher is better: F1, BLEU, ROUGE-L) is measured and a copy of
+    the best weights kept; when the fit ends the best weights are put back. ``history`` lists
+    (step, score)."""
+
+    def __init__(self, score, every: int):
+        if every < 1:
+            raise ValueError(f"dev evaluation interval must be >= 1 step, got {every}")
+        self.score, self.every = score, every
+        self.best, self.best_step, self.history, self._state = float("-inf"), None, [], None
+
+    def _check(self, module, step: int):
+        value = float(self.score(module.model))
+        module.model.train()  # scoring generates in eval mode
+        self.history.append((step, value))
+        if value > self.best:
+            self.best, self.best_step = value, step
+            self._state = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+    def on_train_start(self, trainer, pl_module):
+        self._check(pl_module, 0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        checked = self.history and self.history[-1][0] == step  # gradient accumulation: same step again
+        if not checked and (step % self.every == 0 or step >= trainer.max_steps):
+            self._check(pl_module, step)
+
+    def on_train_end(self, trainer, pl_module):
+        if self._state is not None:
+            pl_module.model.load_state_dict(self._state)
+        pl_module.model.eval()
 
 
 def per_task_sizes(batch_size: int, tasks: list[str], mix: dict | None = None) -> dict:

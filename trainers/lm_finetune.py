@@ -16,14 +16,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from i2d2.io import atomic_dir
+from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
+                                  resume_checkpoint, world_size_of)
 
 log = logging.getLogger(__name__)
 
@@ -230,12 +234,8 @@ class SelfImitationModule(L.LightningModule):
         return out.loss
 
     def configure_optimizers(self):
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in params if p.ndim >= 2]
-        no_decay = [p for p in params if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
+        opt = torch.optim.AdamW(adamw_param_groups(self.model.parameters(), self.hparams.weight_decay),
+                                lr=self.hparams.lr)
         # Not trainer.estimated_stepping_batches: it builds the train loader before the checkpoint is restored,
         # and Lightning then skips restoring the loader's position.
         total = max(1, int(self.hparams.total_steps or 1))
@@ -282,35 +282,21 @@ def apply_lora(model, lora: Mapping):
 
 # ----------------------------------------------------------------------------- driver
 
-def strategy_name(trainer_cfg: Mapping) -> str:
-    s = trainer_cfg.get("strategy", "auto")
-    if isinstance(s, Mapping):
-        return str(s.get("_target_", "")).rsplit(".", 1)[-1]
-    return str(s)
-
-
-def is_deepspeed(trainer_cfg: Mapping) -> bool:
-    return "deepspeed" in strategy_name(trainer_cfg).lower()
-
-
-def check_trainer_cfg(trainer_cfg: Mapping, where: str = "trainer") -> None:
-    """Fail early, naming the field, for trainer settings this machine cannot run."""
-    accel = str(trainer_cfg.get("accelerator", "auto"))
-    if is_deepspeed(trainer_cfg) and not torch.cuda.is_available():
-        raise RuntimeError(
-            f"{where}.strategy is DeepSpeed ({strategy_name(trainer_cfg)}), which needs a CUDA GPU, and none is "
-            "available here. Use trainer=cpu (or trainer=ddp for several CPU processes), or run on a GPU machine.")
-    if accel in ("gpu", "cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"{where}.accelerator={accel} but no CUDA GPU is available; use trainer=cpu or trainer=ddp.")
-
-
-def resolve_precision(trainer_cfg: Mapping) -> str:
-    """bf16 where the hardware has it: bf16 requested on a GPU without bf16 falls back to fp16 mixed."""
-    p = str(trainer_cfg.get("precision", "32-true"))
-    if "bf16" in p and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        log.warning("precision %s requested but this GPU has no bf16; using 16-mixed", p)
-        return "16-mixed"
-    return p
+def finetune_trainer(trainer_cfg: Mapping, cfg: Mapping, work_dir: str | Path, logger=None,
+                     callbacks: Sequence = ()) -> tuple[L.Trainer, ModelCheckpoint]:
+    """The Trainer of one fine-tuning (through ``i2d2.lightning_setup.build_trainer``) and its checkpoint callback:
+    ``last.ckpt`` every ``ckpt_every_n_steps`` optimizer steps (a directory under DeepSpeed)."""
+    ckpt = ModelCheckpoint(dirpath=Path(work_dir) / "checkpoints", filename="step{step}", save_last=True,
+                           save_top_k=0, every_n_train_steps=max(1, int(cfg.get("ckpt_every_n_steps", 50))),
+                           save_on_train_epoch_end=True, auto_insert_metric_name=False)
+    accumulate = cfg.get("accumulate_grad_batches", plain(trainer_cfg).get("accumulate_grad_batches", 1))
+    trainer = build_trainer(trainer_cfg, micro_batch=int(cfg.get("batch_size", 8)),
+                            max_epochs=int(cfg.get("epochs", 1)), max_steps=int(cfg.get("max_steps", -1)),
+                            accumulate_grad_batches=int(accumulate), default_root_dir=str(work_dir),
+                            use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
+                            enable_model_summary=False, logger=logger if logger is not None else False,
+                            callbacks=[*callbacks, ckpt])
+    return trainer, ckpt
 
 
 def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, model_out: str | Path,
@@ -321,15 +307,11 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     ``cfg``: lr, epochs, max_steps, batch_size, accumulate_grad_batches, max_length, weight_decay,
     warmup_ratio, ckpt_every_n_steps, gradient_checkpointing, keep_checkpoints,
     lora{enabled, r, alpha, dropout, target_modules}.
-    Resumes from ``work_dir/checkpoints/last.ckpt`` when present; the checkpoints are removed once the model is
-    saved unless ``keep_checkpoints``. Returns a summary dict.
+    Resumes from ``work_dir/checkpoints/last.ckpt`` when present (a directory under DeepSpeed); the checkpoints
+    are removed once the model is saved unless ``keep_checkpoints``. Returns a summary dict.
     """
-    import hydra
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from omegaconf import OmegaConf
-
     work_dir, model_out = Path(work_dir), Path(model_out)
-    tc = OmegaConf.to_container(trainer_cfg, resolve=True) if not isinstance(trainer_cfg, dict) else dict(trainer_cfg)
+    tc = plain(trainer_cfg)
     check_trainer_cfg(tc)
     dm = SelfImitationDataModule(rows, tokenizer, batch_size=int(cfg.get("batch_size", 8)),
                                  max_length=int(cfg.get("max_length", 64)), seed=seed)
@@ -338,25 +320,9 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
                                  gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)),
                                  total_steps=_total_steps(len(dm.examples), dm.batch_size, tc, cfg),
                                  progress=dm.progress)
-    ckpt_dir = work_dir / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=0,
-                           every_n_train_steps=max(1, int(cfg.get("ckpt_every_n_steps", 50))),
-                           save_on_train_epoch_end=True, auto_insert_metric_name=False)
-    overrides = dict(max_epochs=int(cfg.get("epochs", 1)), max_steps=int(cfg.get("max_steps", -1)),
-                     accumulate_grad_batches=int(cfg.get("accumulate_grad_batches", tc.get("accumulate_grad_batches", 1))),
-                     precision=resolve_precision(tc), default_root_dir=str(work_dir),
-                     use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
-                     enable_model_summary=False)
-    if is_deepspeed(tc):
-        tc["strategy"] = _deepspeed_strategy_cfg(tc["strategy"], int(cfg.get("batch_size", 8)))
-        tc.pop("gradient_clip_val", None)  # clipping lives in the DeepSpeed JSON
-    for k in ("max_epochs", "accumulate_grad_batches", "precision"):
-        tc.pop(k, None)
     torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
-    trainer = hydra.utils.instantiate(tc, logger=logger if logger is not None else False,
-                                      callbacks=[*callbacks, ckpt], **overrides)
-    last = ckpt_dir / "last.ckpt"
-    resume = str(last) if last.exists() else None
+    trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks)
+    resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)
     if resume:
         log.info("fine-tuning: resuming from %s", resume)
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
@@ -364,37 +330,15 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     summary = {"n_train": len(dm.examples), "steps": steps, "epochs": int(trainer.current_epoch),
                "resumed_from": resume, "lora": module.lora_enabled,
                "train_loss": float(trainer.callback_metrics.get("finetune/loss_epoch", float("nan")))}
-    if is_deepspeed(tc) and _zero_stage(trainer) == 3:
-        exported = _consolidate_zero3(trainer, module, work_dir)
-    else:
-        exported = None
-    if trainer.is_global_zero:
-        save_model(exported if exported is not None else module.export_model(), tokenizer, model_out,
-                   meta={**(meta or {}), **summary})
+    with full_weights(trainer, module):  # ZeRO-3: every rank takes part in gathering the shards
+        if trainer.is_global_zero:
+            save_model(module.export_model(), tokenizer, model_out, meta={**(meta or {}), **summary})
     if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
     if trainer.is_global_zero and not cfg.get("keep_checkpoints", False):
         # model_out holds the result; full-model checkpoints with optimizer state are ~4x the model's size
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-        for extra in ("zero3_final.ckpt", "zero3_final_fp32.pt"):
-            p = work_dir / extra
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        shutil.rmtree(ckpt.dirpath, ignore_errors=True)
     return summary
-
-
-def world_size_of(trainer_cfg: Mapping) -> int:
-    devices = trainer_cfg.get("devices", 1)
-    if isinstance(devices, int):
-        n = devices
-    elif isinstance(devices, (list, tuple)):
-        n = len(devices)
-    elif str(devices).isdigit():
-        n = int(devices)
-    elif str(devices) in ("auto", "-1"):
-        n = max(1, torch.cuda.device_count()) if str(trainer_cfg.get("accelerator")) in ("gpu", "cuda", "auto") else 1
-    else:
-        n = len(str(devices).split(","))
-    return max(1, n) * int(trainer_cfg.get("num_nodes", 1) or 1)
 
 
 def _total_steps(n: int, batch_size: int, trainer_cfg: Mapping, cfg: Mapping) -> int:
@@ -405,48 +349,8 @@ def _total_steps(n: int, batch_size: int, trainer_cfg: Mapping, cfg: Mapping) ->
     return min(total, max_steps) if max_steps > 0 else total
 
 
-def _deepspeed_strategy_cfg(strategy: Mapping, micro_batch: int) -> dict:
-    """The DeepSpeed JSON named by the trainer config, with "auto" micro-batch filled from task.finetune."""
-    strategy = dict(strategy)
-    conf = strategy.get("config")
-    if isinstance(conf, (str, os.PathLike)):
-        path = Path(conf)
-        if not path.exists():
-            raise FileNotFoundError(f"trainer.strategy.config: DeepSpeed config {path} not found")
-        conf = json.loads(path.read_text())
-    conf = dict(conf or {})
-    if conf.get("train_micro_batch_size_per_gpu", "auto") == "auto":
-        conf["train_micro_batch_size_per_gpu"] = micro_batch
-    strategy["config"] = conf
-    return strategy
-
-
-def _zero_stage(trainer) -> int:
-    cfg = getattr(trainer.strategy, "config", None) or {}
-    return int(cfg.get("zero_optimization", {}).get("stage", 0))
-
-
-def _consolidate_zero3(trainer, module, work_dir: Path):
-    """ZeRO-3 shards parameters over ranks: write a sharded checkpoint and gather it into full fp32 weights."""
-    from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-    shard_dir = work_dir / "zero3_final.ckpt"
-    trainer.save_checkpoint(shard_dir)
-    if not trainer.is_global_zero:
-        return None
-    fp32 = work_dir / "zero3_final_fp32.pt"
-    convert_zero_checkpoint_to_fp32_state_dict(str(shard_dir), str(fp32))
-    from i2d2.io import load_state_dict
-
-    state = load_state_dict(fp32)
-    module.load_state_dict(state, strict=False)
-    return module.export_model()
-
-
 def save_model(model, tokenizer, path: str | Path, meta: Mapping | None = None) -> Path:
     """``save_pretrained`` into a temporary sibling folder, then swap it in: a kill never leaves half a model."""
-    from i2d2.io import atomic_dir
-
     path = Path(path)
     with atomic_dir(path) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from i2d2.lightning_setup import adamw_param_groups
 from i2d2.negverse.formatting import collate, encode
 from i2d2.negverse.model import NegVerseLM
 
@@ -38,10 +39,9 @@ class NegVerseModule(L.LightningModule):
     def configure_optimizers(self):
         prompt = [self.lm.prompt_weight()]
         new = [p for p in (self.lm.new_in, self.lm.new_out) if p is not None and p.requires_grad]
-        groups = [{"params": prompt, "lr": self.lr}]
-        if new:
-            groups.append({"params": new, "lr": self.new_token_lr})
-        opt = torch.optim.AdamW(groups, weight_decay=self.weight_decay)
+        groups = adamw_param_groups(prompt, self.weight_decay, lr=self.lr)
+        groups += adamw_param_groups(new, self.weight_decay, lr=self.new_token_lr)
+        opt = torch.optim.AdamW(groups)
         total = self.total_steps or self.trainer.estimated_stepping_batches
         warm = max(1, self.warmup_steps)
 

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from i2d2.cmp.data import Quintuple, write_quintuples
 from i2d2.cmp.textualize import segment_for, split_sentences
-from i2d2.io import DataError, read_jsonl
+from i2d2.io import DataError, open_text, read_jsonl, read_text
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Statement:
 def load_statements(path) -> list[Statement]:
     rows = read_jsonl(path, required=("entity", "property", "value", "category"))
     out = []
-    with open(path) as f:
+    with open_text(path) as f:
         lines = [i for i, line in enumerate(f, 1) if line.strip()]
     for lineno, r in zip(lines, rows):
         kw = {}
@@ -66,7 +66,7 @@ def load_paragraphs(path) -> list[str]:
     path = Path(path)
     if path.suffix == ".jsonl":
         return [r["text"] for r in read_jsonl(path, required=("text",))]
-    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", path.read_text()) if p.strip()]
+    return [" ".join(p.split()) for p in re.split(r"\n\s*\n", read_text(path)) if p.strip()]
 
 
 def load_articles(path) -> dict[str, str]:

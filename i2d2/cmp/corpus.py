@@ -4,10 +4,12 @@ Each entity has a category, property values and two hand-written sentences; its 
 intro sentence, one sentence per property (the category's sentence template) and a closing sentence.
 Quintuples pair two entities of the same category on the same property (criteria 1 and 2 of §3.2.2;
 the category plays the role of Wikidata's 'instance of'), the documents are cut to the 10-sentence
-segment holding the linked sentence (§3.2.3), and splits are assigned by entity pair so that
-held-out pairs never appear in training.
+segment holding the linked sentence (§3.2.3). Rows carry no ``split`` field: the recipe splits by
+entity with ``data.val_fraction`` / ``data.test_fraction`` / ``seed`` (``i2d2.cmp.data.split_quintuples``),
+and an entity split keeps only pairs whose entities fall on the same side, so the bundled corpus holds
+every pair (``--n`` samples fewer).
 
-    python -m i2d2.cmp.corpus --n 600 --out i2d2/data/cmp/corpus.jsonl
+    python -m i2d2.cmp.corpus --out i2d2/data/cmp/corpus.jsonl
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import json
 import random
 from pathlib import Path
 
-from i2d2.cmp.data import BUNDLED, Quintuple, split_quintuples, write_quintuples
+from i2d2.cmp.data import BUNDLED, Quintuple, write_quintuples
 from i2d2.cmp.textualize import segment_for
-from i2d2.io import DataError, write_json
+from i2d2.io import DataError, read_text, write_json
 
 
 def article(word: str) -> str:
@@ -34,7 +36,7 @@ def fill(template: str, e: str, v: str) -> str:
 
 def load_facts(path: str | Path | None = None) -> dict:
     path = Path(path) if path else BUNDLED / "entities.json"
-    facts = json.loads(Path(path).read_text())
+    facts = json.loads(read_text(path))
     cats = facts["categories"]
     for i, ent in enumerate(facts["entities"]):
         where = f"{path}: entities[{i}] ({ent.get('name')!r})"
@@ -59,8 +61,10 @@ def phrases(facts: dict) -> dict:
     return {f"{c}|{p}": ph for c, spec in facts["categories"].items() for p, ph in spec["phrases"].items()}
 
 
-def build_corpus(n: int = 600, seed: int = 0, same_share: float = 0.4, facts: dict | None = None,
-                 val_fraction: float = 0.1, test_fraction: float = 0.1) -> list[Quintuple]:
+def build_corpus(n: int | None = None, seed: int = 0, same_share: float = 0.4,
+                 facts: dict | None = None) -> list[Quintuple]:
+    """Quintuples over every same-category entity pair and property; with ``n``, a sample of ``n``
+    of them, ``same_share`` of which have v1 = v2."""
     facts = facts or load_facts()
     rng = random.Random(seed)
     docs = {e["name"]: document(e, facts) for e in facts["entities"]}
@@ -80,20 +84,20 @@ def build_corpus(n: int = 600, seed: int = 0, same_share: float = 0.4, facts: di
                 q = dict(e1=a["name"], e2=b["name"], property=prop, v1=v1, v2=v2, doc1=d1, doc2=d2, category=cat,
                          source="i2d2-cmp-facts")
                 (same if v1 == v2 else diff).append(q)
-    rng.shuffle(same)
-    rng.shuffle(diff)
-    k_same = min(len(same), round(n * same_share))
-    rows = same[:k_same] + diff[: n - k_same]
+    if n is None:
+        rows = same + diff
+    else:
+        rng.shuffle(same)
+        rng.shuffle(diff)
+        k_same = min(len(same), round(n * same_share))
+        rows = same[:k_same] + diff[: n - k_same]
     rows.sort(key=lambda r: (r["category"], r["property"], r["e1"], r["e2"]))
-    quints = [Quintuple(id=f"{r['category'].replace(' ', '_')}-{i:04d}", **r) for i, r in enumerate(rows)]
-    splits = split_quintuples(quints, val_fraction, test_fraction, seed)
-    where = {q.id: s for s, qs in splits.items() for q in qs}
-    return [Quintuple(**{**q.__dict__, "split": where[q.id]}) for q in quints]
+    return [Quintuple(id=f"{r['category'].replace(' ', '_')}-{i:04d}", **r) for i, r in enumerate(rows)]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--n", type=int, default=None, help="sample this many quintuples (default: every pair)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(BUNDLED / "corpus.jsonl"))
     args = ap.parse_args(argv)
@@ -103,8 +107,7 @@ def main(argv=None):
     write_json(BUNDLED / "property_phrases.json", phrases(facts))
     for p in (Path(args.out), BUNDLED / "property_phrases.json"):  # package data: readable by all
         p.chmod(0o644)
-    counts = {s: sum(q.split == s for q in quints) for s in ("train", "validation", "test")}
-    print(f"wrote {len(quints)} quintuples to {args.out} ({counts}; {sum(q.same for q in quints)} with v1 = v2)")
+    print(f"wrote {len(quints)} quintuples to {args.out} ({sum(q.same for q in quints)} with v1 = v2)")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ JSONL, one quintuple per line::
      "v1": "euro", "v2": "euro", "doc1": "France is ...", "doc2": "Spain is ...",
      "category": "country", "split": "train"}
 
-``id``, ``category``, ``split`` and ``source`` are optional. Every row is validated; all problems
-are reported together, each as ``file:line: message``.
+``id``, ``category``, ``split`` and ``source`` are optional; ``split`` is used only with
+``data.split_by=field`` (by default splits are drawn by entity, see ``split_quintuples``). Every row
+is validated; all problems are reported together, each as ``file:line: message``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from i2d2.io import DataError, write_jsonl
+from i2d2.io import DataError, open_text, write_jsonl
 
 REQUIRED = ("e1", "e2", "property", "v1", "v2", "doc1", "doc2")
 OPTIONAL = ("id", "category", "split", "source")
@@ -46,7 +47,7 @@ class Quintuple:
 
     @property
     def pair(self) -> tuple[str, str]:
-        """The unordered entity pair (used to keep held-out pairs out of training)."""
+        """The unordered entity pair."""
         return tuple(sorted((self.e1, self.e2)))
 
     def to_dict(self) -> dict:
@@ -100,7 +101,7 @@ def load_quintuples(path: str | os.PathLike | None = None, check_links: bool = T
     if not path.exists():
         raise DataError(f"{path}: quintuple file not found")
     out, problems, seen = [], [], {}
-    with open(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -136,21 +137,98 @@ def write_quintuples(path: str | os.PathLike, quintuples: list[Quintuple]) -> Pa
     return write_jsonl(path, [q.to_dict() for q in quintuples])
 
 
-def split_quintuples(quintuples: list[Quintuple], val_fraction: float = 0.1, test_fraction: float = 0.1,
-                     seed: int = 0) -> dict[str, list[Quintuple]]:
-    """Train/validation/test lists. Rows with a ``split`` field keep it; the others are split by
-    unordered entity pair so that no held-out pair is seen in training."""
+def facts_of(q: Quintuple) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    """The two (entity, property, value) facts a quintuple states."""
+    return (_canon(q.e1), _canon(q.property), _canon(q.v1)), (_canon(q.e2), _canon(q.property), _canon(q.v2))
+
+
+def _parts(q: Quintuple) -> dict[str, set]:
+    return {"entity": {_canon(q.e1), _canon(q.e2)}, "document": {_canon(q.doc1), _canon(q.doc2)},
+            "fact": set(facts_of(q))}
+
+
+def split_leaks(splits: dict[str, list[Quintuple]]) -> dict[str, dict[str, list[str]]]:
+    """Entities, documents and facts that a held-out split shares with ``train``, per held-out split
+    (empty lists = no leak)."""
+    seen = {"entity": set(), "document": set(), "fact": set()}
+    for q in splits.get("train", []):
+        for kind, items in _parts(q).items():
+            seen[kind] |= items
+    out = {}
+    for s in ("validation", "test"):
+        shared = {kind: set() for kind in seen}
+        for q in splits.get(s, []):
+            for kind, items in _parts(q).items():
+                shared[kind] |= items & seen[kind]
+        out[s] = {kind: sorted(map(str, v)) for kind, v in shared.items()}
+    return out
+
+
+def _entity_splits(quintuples: list[Quintuple], val_fraction: float, test_fraction: float,
+                   seed: int) -> dict[str, str]:
+    """Entity -> split. Within each category the entities are shuffled and the given shares of them
+    held out, so every category has unseen entities."""
     import random
 
-    splits = {s: [] for s in SPLITS}
-    free = [q for q in quintuples if q.split is None]
+    by_cat: dict[str, list[str]] = {}
+    first_cat: dict[str, str] = {}
     for q in quintuples:
-        if q.split is not None:
-            splits[q.split].append(q)
-    pairs = sorted({q.pair for q in free})
-    random.Random(seed).shuffle(pairs)
-    n_val, n_test = round(len(pairs) * val_fraction), round(len(pairs) * test_fraction)
-    where = {p: ("validation" if i < n_val else "test" if i < n_val + n_test else "train") for i, p in enumerate(pairs)}
-    for q in free:
-        splits[where[q.pair]].append(q)
+        for e in (_canon(q.e1), _canon(q.e2)):
+            if e not in first_cat:
+                first_cat[e] = q.category or ""
+                by_cat.setdefault(first_cat[e], []).append(e)
+    rng = random.Random(seed)
+    where = {}
+    for cat in sorted(by_cat):
+        ents = sorted(by_cat[cat])
+        rng.shuffle(ents)
+        n_val, n_test = round(len(ents) * val_fraction), round(len(ents) * test_fraction)
+        for i, e in enumerate(ents):
+            where[e] = "validation" if i < n_val else "test" if i < n_val + n_test else "train"
+    return where
+
+
+def split_quintuples(quintuples: list[Quintuple], val_fraction: float = 0.2, test_fraction: float = 0.2,
+                     seed: int = 0, by: str = "entity") -> dict[str, list[Quintuple]]:
+    """Train / validation / test lists, plus ``dropped``: quintuples that no split can hold.
+
+    ``by='entity'`` (default; rows' ``split`` fields are ignored): ``val_fraction`` / ``test_fraction``
+    of each category's entities are held out; a quintuple belongs to a split when both its entities do.
+    Quintuples pairing a training entity with a held-out one are dropped, and so is any held-out
+    quintuple whose document text or (entity, property, value) fact also occurs in training (a
+    corpus with aliases or shared documents). Held-out entities, documents and facts are thus
+    unseen in training: zero-shot results measure unseen entities.
+
+    ``by='field'``: every row's own ``split`` field (a released split); nothing is dropped, and
+    ``split_leaks`` tells what it shares with training.
+    """
+    if by == "field":
+        missing = [q.id for q in quintuples if q.split is None]
+        if missing:
+            raise ValueError(f"data.split_by=field but {len(missing)} quintuple(s) have no 'split' field "
+                             f"(first: {missing[0]!r}); use data.split_by=entity")
+        return {s: [q for q in quintuples if q.split == s] for s in SPLITS} | {"dropped": []}
+    if by != "entity":
+        raise ValueError(f"data.split_by must be 'entity' or 'field', got {by!r}")
+    for name, f in (("data.val_fraction", val_fraction), ("data.test_fraction", test_fraction)):
+        if not 0 <= f < 1:
+            raise ValueError(f"{name} must be in [0, 1), got {f}")
+    if val_fraction + test_fraction >= 1:
+        raise ValueError(f"data.val_fraction + data.test_fraction must be < 1, got {val_fraction + test_fraction}")
+    where = _entity_splits(quintuples, val_fraction, test_fraction, seed)
+    splits: dict[str, list[Quintuple]] = {s: [] for s in (*SPLITS, "dropped")}
+    for q in quintuples:
+        s1, s2 = where[_canon(q.e1)], where[_canon(q.e2)]
+        splits[s1 if s1 == s2 else "dropped"].append(q)
+    train_parts = {"document": set(), "fact": set()}
+    for q in splits["train"]:
+        train_parts["document"] |= _parts(q)["document"]
+        train_parts["fact"] |= _parts(q)["fact"]
+    for s in ("validation", "test"):
+        keep = []
+        for q in splits[s]:
+            parts = _parts(q)
+            leaks = parts["document"] & train_parts["document"] or parts["fact"] & train_parts["fact"]
+            (splits["dropped"] if leaks else keep).append(q)
+        splits[s] = keep
     return splits

@@ -45,15 +45,16 @@ def qa_scores(predictions: list[str], references) -> dict:
     return {"em": 100 * sum(em) / len(em), "f1": 100 * sum(f1) / len(f1), "n": len(em)}
 
 
-def bleu(predictions: list[str], references) -> float:
-    """Corpus BLEU (sacrebleu defaults: 13a tokenisation, 4-grams); references may vary in number."""
+def bleu(predictions: list[str], references, lowercase: bool = False) -> float:
+    """Corpus BLEU (sacrebleu defaults: 13a tokenisation, 4-grams); references may vary in number.
+    ``lowercase``: case-insensitive BLEU, for models whose tokenizer folds case."""
     import sacrebleu
 
     refs = _refs(references)
     _check(predictions, refs)
     width = max(map(len, refs))
     streams = [[rs[i] if i < len(rs) else rs[0] for rs in refs] for i in range(width)]
-    return float(sacrebleu.corpus_bleu(predictions, streams).score)
+    return float(sacrebleu.corpus_bleu(predictions, streams, lowercase=lowercase).score)
 
 
 def rouge(predictions: list[str], references, types=("rouge2", "rougeL")) -> dict:
@@ -78,13 +79,26 @@ def _check(predictions, refs):
         raise ValueError("nothing to score")
 
 
-def task_scores(task: str, predictions: list[str], references) -> dict:
-    """The paper's metrics per downstream task: QA -> EM/F1, QG -> BLEU/ROUGE-L, SUM -> ROUGE-2/L."""
+# A.3: checkpoints are selected by the highest F1 (QA), BLEU (QG) and ROUGE-L (summaries).
+SELECTION_METRIC = {"qa": "f1", "qg": "bleu", "sum": "rougeL"}
+
+
+def selection_metric(task: str, lowercase: bool = False) -> str:
+    m = SELECTION_METRIC[task]
+    return "bleu_uncased" if m == "bleu" and lowercase else m
+
+
+def task_scores(task: str, predictions: list[str], references, lowercase: bool = False) -> dict:
+    """The paper's metrics per downstream task: QA -> EM/F1, QG -> BLEU/ROUGE-L, SUM -> ROUGE-2/L.
+
+    ``lowercase`` (a case-folding tokenizer): BLEU is computed case-insensitively and reported as
+    ``bleu_uncased``, never under the paper's case-sensitive name. (EM/F1 and ROUGE fold case anyway.)
+    """
     if task == "qa":
         return qa_scores(predictions, references)
     if task == "qg":
-        return {"bleu": bleu(predictions, references), "rougeL": rouge(predictions, references, ("rougeL",))["rougeL"],
-                "n": len(predictions)}
+        return {selection_metric("qg", lowercase): bleu(predictions, references, lowercase),
+                "rougeL": rouge(predictions, references, ("rougeL",))["rougeL"], "n": len(predictions)}
     if task == "sum":
         return {**rouge(predictions, references), "n": len(predictions)}
     raise ValueError(f"unknown downstream task {task!r} (qa, qg, sum)")

@@ -180,6 +180,70 @@ def eos_id(model, tokenizer) -> int:
     raise ValueError("cannot tell the model's end-of-sequence token")
 
 
+DOC_SEP = "[DOC]"  # dedicated D1/D2 separator for tokenizers whose "[SEP]" is the end-of-sequence token
+
+
+def resolve_separator(model, tokenizer, sep: str = "auto") -> str:
+    """The D1/D2 separator for this model, never its end-of-sequence token: a text-infilling target
+    ``D1 <sep> D2`` whose separator is EOS would teach the model to stop after D1.
+
+    ``auto``: Table 2's "[SEP]" where it is plain text to the tokenizer (BART, T5); otherwise (BERT
+    WordPiece, where "[SEP]" is EOS) the special token ``[DOC]``, added with a new embedding row
+    unless the tokenizer has it already (a model pre-trained here saves it with its tokenizer).
+    """
+    eos = eos_id(model, tokenizer)
+    if sep != "auto":
+        if eos in tokenizer(sep, add_special_tokens=False)["input_ids"]:
+            raise ValueError(f"task.sep {sep!r} encodes to the model's end-of-sequence token (id {eos}); "
+                             "use task.sep=auto or another separator")
+        return sep
+    if eos not in tokenizer(SEP, add_special_tokens=False)["input_ids"]:
+        return SEP
+    if DOC_SEP not in tokenizer.get_vocab():
+        tokenizer.add_tokens([DOC_SEP], special_tokens=True)
+    _fit_embeddings(model, len(tokenizer))
+    return DOC_SEP
+
+
+def _fit_embeddings(model, n: int) -> None:
+    from transformers import EncoderDecoderModel
+
+    if isinstance(model, EncoderDecoderModel):  # its own resize_token_embeddings is not implemented
+        for part in (model.encoder, model.decoder):
+            if part.get_input_embeddings().num_embeddings < n:
+                part.resize_token_embeddings(n)
+        model.config.encoder.vocab_size, model.config.decoder.vocab_size = (
+            model.encoder.config.vocab_size, model.decoder.config.vocab_size)
+    elif model.get_input_embeddings().num_embeddings < n:
+        model.resize_token_embeddings(n)
+
+
+def untrained_parts(model) -> list[str]:
+    """Decoder parameters of a warm-started ``EncoderDecoderModel`` that its decoder checkpoint did not
+    hold, so they start randomly initialised (for a BERT-style checkpoint: every layer's
+    cross-attention and the LM-head transform); [] for other models."""
+    import re
+
+    from transformers import AutoModelForCausalLM, EncoderDecoderModel
+
+    if not isinstance(model, EncoderDecoderModel):
+        return []
+    src = getattr(model.config.decoder, "_name_or_path", "")
+    try:
+        _, info = AutoModelForCausalLM.from_pretrained(src, is_decoder=True, add_cross_attention=True,
+                                                       output_loading_info=True)
+    except (OSError, ValueError):  # decoder source not available offline: cannot tell
+        return []
+    names = {re.sub(r"\.\d+\.", ".*.", k).rsplit(".", 1)[0] for k in info["missing_keys"]}
+    return sorted({re.sub(r"\.(crossattention|transform)\..*", r".\1", n) for n in names})
+
+
+def tokenizer_lowercases(tokenizer) -> bool:
+    """Whether the tokenizer folds case (uncased WordPiece): its outputs can never match cased text."""
+    ids = tokenizer("Zq", add_special_tokens=False)["input_ids"]
+    return tokenizer.decode(ids).replace(" ", "") == "zq"
+
+
 class Collator:
     """Tokenises (source, target) pairs: sources with the tokenizer's specials, targets as plain tokens
     followed by the model's EOS (so tokenizers that add no specials still teach the model to stop);

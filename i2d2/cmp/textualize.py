@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from i2d2.cmp.data import BUNDLED, Quintuple
+from i2d2.io import read_text
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class TemplateRealiser:
         if phrases == "bundled":
             phrases = BUNDLED / "property_phrases.json"
         if isinstance(phrases, (str, Path)):
-            phrases = json.loads(Path(phrases).read_text())
+            phrases = json.loads(read_text(phrases))
         self.phrases = dict(phrases or {})
 
     def _phrase(self, q: Quintuple) -> str | None:

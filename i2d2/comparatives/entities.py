@@ -8,7 +8,12 @@ Formats (NeuroComparatives §2.1):
     ``max_depth`` levels below the root classes (the paper uses 'physical object' and 'artificial
     physical object', depth 2); a class's entities are its direct instances and subclasses.
 
-Plurals come from ``inflect`` unless the file gives one.
+Prompts name entities in the plural ("Compared to blenders, food processors"), except mass nouns:
+an entity whose head noun (or whole name) is in the uncountable-noun lexicon
+(conf/wordlists/uncountable_nouns.txt, its source stated there) stays singular ("Compared to gold,
+silver"). Plurals come from ``inflect``. A per-entity ``plural`` in the class file overrides both: a
+string is the form used (the entity's own name keeps it singular), ``false`` keeps it singular, ``true``
+pluralises a noun the lexicon lists.
 """
 
 from __future__ import annotations
@@ -19,16 +24,23 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from i2d2.io import DataError, read_json
+from i2d2.config import CONF_DIR
+from i2d2.io import DataError, open_text, read_json, read_text, text_lines
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "classes.json"
+UNCOUNTABLE = CONF_DIR / "wordlists" / "uncountable_nouns.txt"
 
 
 @dataclass(frozen=True)
 class Entity:
     name: str
-    plural: str
+    plural: str          # the form prompts use: the plural, or the name itself for a mass noun
     cls: str
+
+    @property
+    def countable(self) -> bool:
+        """False for an entity named in the singular (mass noun): its verb agrees in the singular."""
+        return self.plural.lower() != self.name.lower()
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,9 +50,30 @@ def _inflect():
     return inflect.engine()
 
 
-def pluralize(name: str) -> str:
-    """Plural of a (possibly multi-word) noun phrase: 'food processor' -> 'food processors'."""
+@functools.lru_cache(maxsize=4)
+def load_uncountable(path: str | Path | None = None) -> frozenset[str]:
+    """The uncountable-noun lexicon: one lower-case noun (or multi-word name) a line, '#' comments."""
+    path = Path(path) if path else UNCOUNTABLE
+    if not path.exists():
+        raise FileNotFoundError(f"uncountable-noun lexicon not found: {path}")
+    words = (ln.split("#", 1)[0].strip().lower() for ln in read_text(path).splitlines())
+    return frozenset(w for w in words if w)
+
+
+def is_mass_noun(name: str, lexicon: frozenset[str] | None = None) -> bool:
+    """Is the noun phrase a mass noun? Its whole name or its head (last word) is in the lexicon:
+    'gold', 'stainless steel', 'cheddar' yes; 'steel beam', 'rice cooker' no (their heads count)."""
+    lexicon = load_uncountable() if lexicon is None else lexicon
+    words = name.lower().split()
+    return bool(words) and (" ".join(words) in lexicon or words[-1] in lexicon)
+
+
+def pluralize(name: str, lexicon: frozenset[str] | None = None) -> str:
+    """The form prompts use: the plural of a (possibly multi-word) noun phrase ('food processor' ->
+    'food processors'), or the name unchanged for a mass noun ('gold', 'rice')."""
     name = name.strip()
+    if is_mass_noun(name, lexicon):
+        return name
     return _inflect().plural_noun(name) or name
 
 
@@ -53,8 +86,12 @@ def _entity(raw, cls: str, where: str) -> Entity:
         raise DataError(f"{where}: an entity must be a string or {{'name': ..., 'plural': ...}}, got {raw!r}")
     if not name:
         raise DataError(f"{where}: empty entity name")
+    if plural is False:  # a mass noun the lexicon misses
+        return Entity(name, name, cls)
+    if plural is True:  # countable although the lexicon lists it ('tins' in a container class)
+        return Entity(name, _inflect().plural_noun(name) or name, cls)
     if plural is not None and (not isinstance(plural, str) or not plural.strip()):
-        raise DataError(f"{where}: 'plural' must be a non-empty string")
+        raise DataError(f"{where}: 'plural' must be a non-empty string, true or false, got {plural!r}")
     return Entity(name, plural.strip() if plural else pluralize(name), cls)
 
 
@@ -85,7 +122,7 @@ def load_classes_json(path: Path, min_entities: int = 2) -> dict[str, list[Entit
 
 def load_classes_tsv(path: Path, min_entities: int = 2) -> dict[str, list[Entity]]:
     classes: dict[str, list[Entity]] = defaultdict(list)
-    with open(path, newline="") as f:
+    with open_text(path) as f:
         for lineno, row in enumerate(csv.reader(f, delimiter="\t"), 1):
             if not row or not "".join(row).strip() or row[0].startswith("#"):
                 continue
@@ -108,7 +145,7 @@ def load_wikidata_classes(path: Path, roots: list[str] | tuple[str, ...] = ("phy
     """Classes up to ``max_depth`` subclass levels below ``roots`` (ids or labels) and their direct members."""
     labels: dict[str, str] = {}
     children: dict[str, list[tuple[str, str]]] = defaultdict(list)  # parent -> [(child, property)]
-    with open(path, newline="") as f:
+    with open_text(path) as f:
         reader = csv.DictReader(f, delimiter="\t")
         need = {"id", "label", "property", "parent"}
         if not need <= set(reader.fieldnames or []):
@@ -161,7 +198,7 @@ def load_classes(path: str | Path | None = None, fmt: str = "auto", min_entities
         if path.suffix.lower() == ".json":
             fmt = "json"
         else:
-            first = path.open().readline().lower().split("\t")
+            first = next(text_lines(path), "").lower().split("\t")
             fmt = "wikidata" if {"id", "property", "parent"} <= {c.strip() for c in first} else "tsv"
     if fmt == "json":
         return load_classes_json(path, min_entities)

@@ -7,22 +7,59 @@ Columns used: ``pair_id``, ``score`` (the decoder's S), ``statement`` / ``text``
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
 import pandas as pd
 
-def first_sentence(texts: pd.Series, at_clause: bool = False) -> pd.Series:
+QUANTIFIERS = ("more", "less", "fewer")
+
+
+def comparative_pattern(comparatives: list[str]) -> str:
+    """Regex (no groups) for one comparative: a Table 8 word, or 'more'/'less'/'fewer' + the next word."""
+    words = sorted({w.lower() for w in comparatives} - set(QUANTIFIERS), key=len, reverse=True)
+    return r"(?:(?:" + "|".join(QUANTIFIERS) + r")\s+[a-z][a-z-]*|" + "|".join(map(re.escape, words)) + ")"
+
+
+@functools.lru_cache(maxsize=4)
+def _coordination_res(comparatives: tuple[str, ...]) -> tuple[re.Pattern, re.Pattern]:
+    item = comparative_pattern(list(comparatives))
+    return (re.compile(rf"\b{item}$", re.IGNORECASE),                               # 'smaller' before a comma
+            re.compile(rf"^\s+(?:(?:and|or)\s+)?{item}\b", re.IGNORECASE))          # ' and faster' after it
+
+
+def _cut_at_clause(sentence: str, comparatives: tuple[str, ...]) -> str:
+    """Cut at the first ',', ';' or ':' that ends a clause, ending the statement with a full stop. A comma
+    between two comparatives coordinates them ('smaller, lighter, and faster') and is kept."""
+    before_re, after_re = _coordination_res(comparatives)
+    for m in re.finditer(r"[,;:](?=\s|$)", sentence):
+        head, tail = sentence[:m.start()].rstrip(), sentence[m.end():]
+        if m.group() == "," and before_re.search(head) and after_re.match(tail):
+            continue
+        return head + "."
+    return sentence
+
+
+def first_sentence(texts: pd.Series, at_clause: bool = False, comparatives: list[str] | None = None) -> pd.Series:
     """Cut each continuation after its first sentence end (generations run on past it).
 
     ``at_clause`` also cuts at the first comma / semicolon / colon followed by a space and ends the
-    statement there with a full stop ("are typically smaller, lighter, and ..." -> "are typically smaller.").
+    statement there with a full stop ("are cheaper, which makes them ..." -> "are cheaper."), except for
+    commas that coordinate comparatives ("are typically smaller, lighter, and faster." stays whole);
+    ``comparatives`` (default: Table 8 of the bundled word lists) says what a comparative is.
     """
     texts = texts.fillna("").astype(str).str.strip()
-    ends = r"[.!?,;:]" if at_clause else r"[.!?]"
-    cut = texts.str.extract(rf"^(.*?\S)({ends})(?:\s|$)", expand=True)
-    punct = cut[1].replace({",": ".", ";": ".", ":": "."})
-    return (cut[0] + punct).fillna(texts).str.strip()
+    cut = texts.str.extract(r"^(.*?\S)([.!?])(?:\s|$)", expand=True)
+    sentences = (cut[0] + cut[1]).fillna(texts).str.strip()
+    if not at_clause:
+        return sentences
+    if comparatives is None:
+        from i2d2.comparatives.wordlists import load_wordlists
+
+        comparatives = load_wordlists().comparatives
+    key = tuple(comparatives)
+    return sentences.map(lambda t: _cut_at_clause(t, key)).str.strip()
 
 
 def contains_word(texts: pd.Series, words: pd.Series) -> np.ndarray:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pandas as pd
 
+from i2d2.comparatives.filters import QUANTIFIERS, comparative_pattern
 from i2d2.metrics import entropy, self_bleu
 
-QUANTIFIERS = ("more", "less", "fewer")
+UNDEFINED = "\u2013"  # how reports print a metric that is undefined (None), never as 0.0
+
+
+def fmt(value, digits: int = 3) -> str:
+    """A metric for a report: the number, or '\u2013' when it is undefined (None / NaN)."""
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return UNDEFINED
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def pair_self_bleu(df: pd.DataFrame, max_order: int, text_col: str = "text", group_col: str = "pair_id") -> float | None:
@@ -28,26 +35,26 @@ def relation_phrases(texts: pd.Series, comparatives: list[str]) -> pd.Series:
     ``more``/``less``/``fewer`` take the following word; other Table 8 comparatives stand alone.
     Statements without one give NaN. (``pair_self_bleu`` is None when no pair has two statements.)
     """
-    words = sorted({w.lower() for w in comparatives} - set(QUANTIFIERS), key=len, reverse=True)
-    pat = r"\b((?:" + "|".join(QUANTIFIERS) + r")\s+[a-z][a-z-]*|" + "|".join(map(re.escape, words)) + r"|" \
-          + "|".join(QUANTIFIERS) + r")\b"
+    pat = r"\b(" + comparative_pattern(comparatives) + r"|" + "|".join(QUANTIFIERS) + r")\b"
     return texts.fillna("").str.lower().str.extract(pat, expand=False).str.replace(r"\s+", " ", regex=True)
 
 
-def relation_entropy(texts: pd.Series, comparatives: list[str]) -> float:
+def relation_entropy(texts: pd.Series, comparatives: list[str]) -> float | None:
+    """Entropy (bits) of the relation phrases; None (undefined) when no statement has one."""
     phrases = relation_phrases(texts, comparatives).dropna()
-    return entropy(phrases.tolist())
+    return entropy(phrases.tolist()) + 0.0 if len(phrases) else None  # + 0.0: no -0.0
 
 
 def corpus_metrics(df: pd.DataFrame, comparatives: list[str], prefix: str = "") -> dict:
-    """Self-BLEU-2/3 over each pair's statements, relation entropy, sizes."""
+    """Self-BLEU-2/3 over each pair's statements, relation entropy, sizes; undefined values are None."""
     if df.empty:
-        return {f"{prefix}n": 0}
+        return {f"{prefix}n": 0, f"{prefix}n_pairs": 0, f"{prefix}self_bleu_2": None, f"{prefix}self_bleu_3": None,
+                f"{prefix}relation_entropy": None, f"{prefix}n_relations": 0}
     return {
         f"{prefix}n": int(len(df)),
         f"{prefix}n_pairs": int(df["pair_id"].nunique()),
         f"{prefix}self_bleu_2": pair_self_bleu(df, 2),
         f"{prefix}self_bleu_3": pair_self_bleu(df, 3),
-        f"{prefix}relation_entropy": relation_entropy(df["text"], comparatives) + 0.0,  # no -0.0
+        f"{prefix}relation_entropy": relation_entropy(df["text"], comparatives),
         f"{prefix}n_relations": int(relation_phrases(df["text"], comparatives).nunique()),
     }

@@ -19,7 +19,8 @@ DEFAULT_ORDER = {"aux": [1, 2], "adverb": [1, 2], "comparative": [3]}
 
 def make_pairs(classes: dict[str, list[Entity]], template: str = TEMPLATE, both_orders: bool = False,
                max_per_class: int | None = None, seed: int = 0) -> pd.DataFrame:
-    """Entity pairs within each class, one prompt each with plural entities.
+    """Entity pairs within each class, one prompt each with plural entities (mass nouns singular;
+    ``countable2`` says which number entity2's verb takes).
 
     An unordered pair seen in several classes is kept once (its first class). ``max_per_class`` samples
     that many pairs per class (seeded) for small runs.
@@ -36,9 +37,10 @@ def make_pairs(classes: dict[str, list[Entity]], template: str = TEMPLATE, both_
                 continue
             seen.add(key)
             rows.append({"pair_id": f"{a.name} | {b.name}", "class": cls, "entity1": a.name, "entity2": b.name,
-                         "plural1": a.plural, "plural2": b.plural,
+                         "plural1": a.plural, "plural2": b.plural, "countable2": b.countable,
                          "prompt": template.format(entity1=a.plural, entity2=b.plural)})
-    return pd.DataFrame(rows, columns=["pair_id", "class", "entity1", "entity2", "plural1", "plural2", "prompt"])
+    return pd.DataFrame(rows, columns=["pair_id", "class", "entity1", "entity2", "plural1", "plural2", "countable2",
+                                       "prompt"])
 
 
 def perplexity_filter(pairs: pd.DataFrame, ppl: np.ndarray, drop_fraction: float = 0.3) -> pd.DataFrame:
@@ -98,15 +100,22 @@ def constraint_set(aux: str, adverb: str, wordlists: Wordlists, top_k: int = 5,
 
 def prompt_rows(pairs: pd.DataFrame, passes: list[tuple[str, str]], wordlists: Wordlists, top_k: int = 5,
                 order: dict | None = None, negatives: list[str] | None = None) -> list[dict]:
-    """One generation prompt per (pair, pass), with the pass's ConstraintSet and provenance."""
-    sets = {p: constraint_set(*p, wordlists, top_k, order, negatives).to_dict() for p in passes}
+    """One generation prompt per (pair, pass), with the pass's ConstraintSet and provenance.
+
+    The aux verb agrees with entity2: a mass noun takes the singular form ('silver is', 'rice has').
+    """
     index = {p: i for i, p in enumerate(wordlists.passes())}  # the pass's number among all 30
+    sets: dict[tuple[str, str], dict] = {}
     rows = []
     for pair in pairs.to_dict("records"):
+        countable = bool(pair.get("countable2", True))
         for aux, adverb in passes:
             i = index.get((aux, adverb), -1)
+            verb = wordlists.agree(aux, countable)
+            if (verb, adverb) not in sets:
+                sets[(verb, adverb)] = constraint_set(verb, adverb, wordlists, top_k, order, negatives).to_dict()
             rows.append({"prompt_id": f"{pair['pair_id']} #{i:02d}", "prompt": pair["prompt"],
-                         "constraints": sets[(aux, adverb)],
+                         "constraints": sets[(verb, adverb)],
                          **{k: pair[k] for k in ("pair_id", "class", "entity1", "entity2", "plural1", "plural2")},
-                         "aux": aux, "adverb": adverb, "pass": i})
+                         "aux": verb, "adverb": adverb, "pass": i})
     return rows

@@ -40,9 +40,12 @@ def to_qa(statement: str, entity1: str | None = None, entity2: str | None = None
 def export_qa(rows: list[dict], balance: bool = True, seed: int = 0, statement_key: str = "statement") -> list[dict]:
     """QA items for ``rows`` (each with a statement and optionally plural1/plural2).
 
-    ``balance`` swaps the options of a seeded random half so the answer is not always B.
+    ``balance`` swaps the options of a seeded random half (exactly ``n // 2`` items) so the answer is A
+    as often as B, give or take one; an LM that always picks one letter then scores 50%.
     """
-    swaps = np.random.default_rng(seed).random(len(rows)) < 0.5 if balance else np.zeros(len(rows), dtype=bool)
+    swaps = np.zeros(len(rows), dtype=bool)
+    if balance:
+        swaps[np.random.default_rng(seed).permutation(len(rows))[: len(rows) // 2]] = True
     out = []
     for r, s in zip(rows, swaps):
         item = to_qa(r[statement_key], r.get("plural1"), r.get("plural2"), bool(s))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from i2d2.io import DataError
+from i2d2.io import DataError, read_text
 from i2d2.negverse.formatting import build_prompt, build_target
 from i2d2.negverse.masking import RULES, training_variants
 from i2d2.negverse.rules import generate_pairs
@@ -26,14 +26,14 @@ def resolve(path: str | Path | None, default: str) -> Path:
 
 def read_sentences(path: str | Path) -> list[str]:
     """One sentence a line; blank lines and lines starting with '#' are skipped."""
-    return [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return [ln.strip() for ln in read_text(path).splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def read_pairs(path: str | Path) -> list[dict]:
     """TSV ``original<TAB>negated<TAB>type`` ('#' lines are comments); errors name file:line."""
     path = Path(path)
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         cols = [c.strip() for c in line.split("\t")]

@@ -1,4 +1,5 @@
-"""Filters for generated negations: degenerate outputs, edit distance, negation cue, duplicates.
+"""Filters for generated negations: degenerate outputs, edit distance, negation cue, grammaticality of
+the cue's position in the dependency parse, duplicates.
 
 Each filter takes candidate rows (dicts with at least ``original`` and ``negation``) and returns
 ``(kept, dropped)``; dropped rows carry ``drop_reason``. ``apply_filters`` chains them.
@@ -131,6 +132,82 @@ def filter_cue(rows: list[dict], detector, nlp=None):
     return _split(rows, lambda r: bool(r["cues"]), "no_negation_cue")
 
 
+# ----------------------------------------------------------------------------- grammaticality (parse-based)
+
+_PRONOUN_CUES = {"none", "nothing", "nobody", "noone"}
+_ADVERB_CUES = {"never", "nowhere"}
+_NOT = {"not", "n't"}
+_NOMINAL_MODIFIER_DEPS = {"det", "compound", "poss", "nummod", "amod"}
+_NOT_DEPS = {"neg", "advmod", "preconj", "cc", "conj"}
+_FINITE_TAGS = {"VBD", "VBZ", "VBP"}
+_ARGUMENT_DEPS = {"nsubj", "nsubjpass", "dobj", "attr", "pobj"}
+_COMPLEMENT_DEPS = {"attr", "acomp", "dobj", "oprd"}
+
+
+def _cue_problem(tok) -> str | None:
+    """Why the parse puts the negation cue ``tok`` where English does not, or None. Examples:
+    'There is a bakery none.' (a pronoun cue with a determiner), 'The store sells none bread.' (a cue
+    as a noun modifier), 'The cat not slept.' (not without an auxiliary), 'The meeting no was long.'
+    (a second subject), 'The train arrived no on time.' (a stray 'no')."""
+    low = tok.lower_
+    children = list(tok.children)
+    if tok.dep_ == "dep":
+        return "cue_unattached"
+    if low in _PRONOUN_CUES or low in _ADVERB_CUES:
+        if tok.dep_ in _NOMINAL_MODIFIER_DEPS:
+            return "cue_as_modifier"                      # 'none bread'
+        if any(c.dep_ in _NOMINAL_MODIFIER_DEPS and c.i < tok.i for c in children):
+            return "cue_with_determiner"                  # 'a bakery none', 'the cake nothing'
+        nxt = tok.nbor(1).lower_ if tok.i + 1 < len(tok.doc) else ""
+        if low in _PRONOUN_CUES and tok.dep_ == "npadvmod" and nxt not in ("too", "the"):
+            return "cue_as_adverb"                        # 'is none big' ('none too big' is fine)
+    if low == "no":
+        if tok.dep_ == "det" and tok.head.i > tok.i:
+            return None                                   # 'no bakery'
+        if tok.dep_ in ("neg", "advmod") and tok.head.i > tok.i:
+            return None                                   # 'no longer', 'no more'
+        if tok.dep_ == "intj" and (tok.i == 0 or tok.nbor(-1).is_punct):
+            return None                                   # 'No, he left.'
+        return "misplaced_no"
+    if low in _NOT:
+        if tok.dep_ not in _NOT_DEPS:
+            return "not_as_" + tok.dep_                   # 'the not cat' (poss)
+        head = tok.head
+        if tok.dep_ == "neg" and head.pos_ == "VERB" and head.tag_ in _FINITE_TAGS \
+                and head.lemma_ not in ("be", "have") and not any(c.dep_ in ("aux", "auxpass") for c in head.children):
+            return "not_without_auxiliary"                # 'The cat not slept.'
+    if tok.dep_ in _ARGUMENT_DEPS and low in _PRONOUN_CUES | {"no"}:
+        rivals = _COMPLEMENT_DEPS if tok.dep_ in _COMPLEMENT_DEPS else {tok.dep_}
+        if any(c.dep_ in rivals and c.i != tok.i for c in tok.head.children):
+            return "cue_extra_argument"                   # 'The room was clean none.'
+    return None
+
+
+def grammar_reason(doc, cue_indices: list[int] | None = None) -> str | None:
+    """The first ungrammatical negation cue in a parsed candidate, or None. ``cue_indices``: the new
+    cues' token positions (from the cue filter); without them every lexical cue word is checked."""
+    words = _PRONOUN_CUES | _ADVERB_CUES | _NOT | {"no"}
+    idx = [i for i in cue_indices if i < len(doc)] if cue_indices is not None \
+        else [t.i for t in doc if t.lower_ in words]
+    for i in idx:
+        if doc[i].lower_ in words:
+            why = _cue_problem(doc[i])
+            if why:
+                return why
+    return None
+
+
+def filter_grammar(rows: list[dict], nlp):
+    """Keep candidates whose negation cues sit where the dependency parse says English allows them;
+    dropped rows carry ``drop_reason`` 'ungrammatical:<why>'."""
+    docs = nlp.pipe([r["negation"] for r in rows])
+    for r, doc in zip(rows, docs):
+        cues = r.get("cues")
+        why = grammar_reason(doc, [c["index"] for c in cues] if cues else None)
+        r["grammar"] = why
+    return _split(rows, lambda r: r["grammar"] is None, lambda r: f"ungrammatical:{r['grammar']}")
+
+
 def dedupe(rows: list[dict]):
     """Drop repeated (original, negation) pairs, case- and spacing-insensitively; keeps the first."""
     seen, kept, dropped = set(), [], []
@@ -145,13 +222,18 @@ def dedupe(rows: list[dict]):
 
 
 def apply_filters(rows: list[dict], detector, max_distance: float = 0.5, max_len_ratio: float = 2.0,
-                  require_cue: bool = True) -> tuple[list[dict], list[dict], dict]:
-    """Degenerate -> distance -> cue -> dedupe. Returns (kept, dropped, counts per drop reason)."""
+                  require_cue: bool = True, grammar: bool = True, nlp=None) -> tuple[list[dict], list[dict], dict]:
+    """Degenerate -> distance -> cue -> grammar -> dedupe. Returns (kept, dropped, counts per drop reason)."""
     kept, dropped = filter_degenerate(rows, max_len_ratio)
     kept, d = filter_distance(kept, max_distance)
     dropped += d
     if require_cue:
         kept, d = filter_cue(kept, detector)
+        dropped += d
+    if grammar:
+        if nlp is None:
+            raise ValueError("apply_filters(grammar=True) needs the spaCy pipeline (nlp=...)")
+        kept, d = filter_grammar(kept, nlp)
         dropped += d
     kept, d = dedupe(kept)
     dropped += d

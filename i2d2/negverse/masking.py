@@ -147,9 +147,12 @@ def _disjoint(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def mask_variants(doc, rules=RULES, max_blanks: int = 2, max_variants: int = 6, modes=("token", "subtree"),
-                  include_full: bool = True, seed: int = 0) -> list[Masked]:
+                  include_full: bool = True, seed: int = 0, min_two_blank: int = 1) -> list[Masked]:
     """Up to ``max_variants`` masked versions of ``doc``: the whole sentence, one blank per rule (the
-    root verb first), then pairs of blanks from different rules; deterministic per sentence and seed."""
+    root verb first), then pairs of blanks from different rules; deterministic per sentence and seed.
+
+    ``min_two_blank`` slots are kept for two-blank variants whenever the parse offers two disjoint spans
+    of different rules (otherwise the whole sentence and the single blanks fill every slot)."""
     rng = _stable_rng(doc.text, seed)
     out: list[Masked] = []
     full = _sentence_span(doc)
@@ -168,22 +171,26 @@ def mask_variants(doc, rules=RULES, max_blanks: int = 2, max_variants: int = 6, 
     singles, seen = [], set()
     for depth in range(max((len(v) for v in by_rule.values()), default=0)):
         singles += [by_rule[r][depth] for r in order if depth < len(by_rule[r])]
-    for s, e, name in singles:
-        if len(out) >= max_variants:
-            break
-        if (s, e) not in seen:
-            seen.add((s, e))
-            out.append(Masked(render(doc, [(s, e)]), [(s, e)], [name]))
+    pairs = []
     if max_blanks >= 2:
         pairs = [(a, b) for i, a in enumerate(cands) for b in cands[i + 1:]
                  if a[2].split(":")[0] != b[2].split(":")[0] and _disjoint(a[:2], b[:2])]
         rng.shuffle(pairs)
-        for a, b in pairs:
-            if len(out) >= max_variants:
-                break
-            spans = sorted([a[:2], b[:2]])
-            names = [x[2] for x in sorted([a, b])]
-            out.append(Masked(render(doc, spans), spans, names))
+    single_slots = max_variants - min(len(pairs), max(0, int(min_two_blank)))
+    for s, e, name in singles:
+        if len(out) >= single_slots:
+            break
+        if (s, e) not in seen:
+            seen.add((s, e))
+            out.append(Masked(render(doc, [(s, e)]), [(s, e)], [name]))
+    for a, b in pairs:
+        if len(out) >= max_variants:
+            break
+        spans = sorted([a[:2], b[:2]])
+        if tuple(spans) in seen:  # the same two spans under other rule names
+            continue
+        seen.add(tuple(spans))
+        out.append(Masked(render(doc, spans), spans, [x[2] for x in sorted([a, b])]))
     return out[:max_variants]
 
 

@@ -34,10 +34,19 @@ def tree_edit_distance(doc_a, doc_b, normalize: bool = True) -> float:
     return d / max(len(doc_a), len(doc_b), 1) if normalize else float(d)
 
 
+UNDEFINED_WHEN_EMPTY = ("levenshtein_similarity", "tree_edit_distance", "tree_edit_distance_norm",
+                        "self_bleu_per_sentence", "self_bleu_corpus", "types_covered_per_sentence")
+
+
 def negation_metrics(rows: list[dict], nlp, types=("verbal", "non_verbal", "affixal")) -> dict:
-    """Corpus metrics over kept negations (rows: original, negation, negation_type)."""
+    """Corpus metrics over kept negations (rows: original, negation, negation_type).
+
+    A metric with nothing to average is None (JSON null), never 0.0: everything but the counts when no
+    row is kept, self-BLEU per sentence when no sentence has two negations, corpus self-BLEU below two rows.
+    """
     if not rows:
-        return {"n": 0}
+        return {"n": 0, "n_originals": 0, **{k: None for k in UNDEFINED_WHEN_EMPTY},
+                **{f"type_{t}": None for t in types}}
     lev_sim = [1.0 - lev_distance(r["original"], r["negation"]) for r in rows]
     originals = list(dict.fromkeys(r["original"] for r in rows))
     parsed = dict(zip(originals, nlp.pipe(originals)))
@@ -53,8 +62,8 @@ def negation_metrics(rows: list[dict], nlp, types=("verbal", "non_verbal", "affi
     out = {"n": len(rows), "n_originals": len(groups),
            "levenshtein_similarity": float(np.mean(lev_sim)),
            "tree_edit_distance": float(np.mean(ted_raw)), "tree_edit_distance_norm": float(np.mean(ted)),
-           "self_bleu_per_sentence": float(np.mean(sb)) if sb else 0.0,
-           "self_bleu_corpus": self_bleu([r["negation"] for r in rows]),
+           "self_bleu_per_sentence": float(np.mean(sb)) if sb else None,
+           "self_bleu_corpus": self_bleu([r["negation"] for r in rows]) if len(rows) > 1 else None,
            "types_covered_per_sentence": float(np.mean([
                len({r.get("negation_type") for r in rows if r["original"] == o}) for o in groups]))}
     for t in types:

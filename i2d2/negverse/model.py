@@ -15,9 +15,6 @@ The training loss computes the LM head only at answer positions (the prompt is n
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -189,12 +186,12 @@ class NegVerseLM(nn.Module):
         """Write the adapter atomically: a temp dir renamed into place (a killed save leaves no adapter)."""
         from safetensors.torch import save_file
 
+        from i2d2.io import atomic_dir
+
         out_dir = Path(out_dir)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
         self.sync_new_tokens()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-        try:
-            self.peft.save_pretrained(tmp)
+        with atomic_dir(out_dir) as tmp:
+            self.peft.save_pretrained(tmp, save_embedding_layers=False)  # new-token rows: new_tokens.safetensors
             tensors = {"new_in": self.new_in.detach().cpu().contiguous()}
             if self.new_out is not None:
                 tensors["new_out"] = self.new_out.detach().cpu().contiguous()
@@ -203,11 +200,6 @@ class NegVerseLM(nn.Module):
             meta = {"base_model": base_name, "special_tokens": SPECIAL_TOKENS, "new_ids": self.new_ids_list,
                     "num_virtual_tokens": self.num_virtual_tokens, **(extra or {})}
             (tmp / "negverse.json").write_text(json.dumps(meta, indent=2))
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            os.replace(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         return out_dir
 
     @classmethod

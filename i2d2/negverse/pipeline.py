@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -10,21 +12,35 @@ from i2d2.negverse.filters import apply_filters
 from i2d2.negverse.formatting import build_prompt, parse_answers
 from i2d2.negverse.masking import RULES, fill_blanks, mask_variants
 
+# Fallbacks for an adapter saved without its task config; an adapter trained by the recipe carries its
+# own (negverse.json 'task': generate / masking / filters), which ``saved_options`` reads.
 DEFAULTS = dict(num_candidates=4, batch_size=8, max_new_tokens=32, do_sample=True, top_p=0.9, temperature=0.8,
-                rules=list(RULES), max_blanks=2, max_variants=6, max_distance=0.5, max_len_ratio=2.0,
-                require_cue=True, seed=0)
+                rules=list(RULES), max_blanks=2, max_variants=6, min_two_blank=1, max_distance=0.5,
+                max_len_ratio=2.0, require_cue=True, grammar=True, seed=0)
+
+
+def saved_options(adapter_dir: str | Path) -> dict:
+    """The negation options an adapter was trained with (its task config in negverse.json); {} if none."""
+    meta_path = Path(adapter_dir) / "negverse.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{adapter_dir} is not a NegVerse adapter (no negverse.json); "
+                                f"train one with `python -m i2d2.train task=negverse`")
+    task = json.loads(meta_path.read_text()).get("task") or {}
+    opts = {**(task.get("generate") or {}), **(task.get("masking") or {}), **(task.get("filters") or {})}
+    return {k: v for k, v in opts.items() if k in DEFAULTS}
 
 
 def candidates(lm, nlp, sentences: list[str], num_candidates: int = 4, batch_size: int = 8,
                max_new_tokens: int = 32, do_sample: bool = True, top_p: float = 0.9, temperature: float = 0.8,
                rules=RULES, max_blanks: int = 2, max_variants: int = 6, seed: int = 0,
-               progress: bool = True) -> list[dict]:
+               progress: bool = True, min_two_blank: int = 1) -> list[dict]:
     """Every generated candidate (before filtering) with its mask, raw continuation and filled sentence."""
     import torch
 
     jobs = []
     for doc in nlp.pipe(sentences):
-        for m in mask_variants(doc, rules=rules, max_blanks=max_blanks, max_variants=max_variants, seed=seed):
+        for m in mask_variants(doc, rules=rules, max_blanks=max_blanks, max_variants=max_variants, seed=seed,
+                               min_two_blank=min_two_blank):
             jobs.append({"original": doc.text.strip(), "masked": m.text, "rules": m.rules,
                          "n_blanks": len(m.spans), "prompt": build_prompt(doc.text, m.text)})
     # similar lengths in a batch waste less compute on padding
@@ -54,17 +70,22 @@ def negate(lm, nlp, detector, sentences: list[str], **cfg) -> tuple[list[dict], 
     unknown = set(cfg) - set(DEFAULTS) - {"progress"}
     if unknown:
         raise ValueError(f"unknown negation option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    if not sentences:
+        raise ValueError("negate: no sentences to negate")
     c = {**DEFAULTS, **cfg}
     t0 = time.time()
     rows = candidates(lm, nlp, sentences, num_candidates=c["num_candidates"], batch_size=c["batch_size"],
                       max_new_tokens=c["max_new_tokens"], do_sample=c["do_sample"], top_p=c["top_p"],
                       temperature=c["temperature"], rules=c["rules"], max_blanks=c["max_blanks"],
-                      max_variants=c["max_variants"], seed=c["seed"], progress=c.get("progress", True))
+                      max_variants=c["max_variants"], seed=c["seed"], progress=c.get("progress", True),
+                      min_two_blank=c["min_two_blank"])
     gen_s = time.time() - t0
     kept, dropped, counts = apply_filters(rows, detector, max_distance=c["max_distance"],
-                                          max_len_ratio=c["max_len_ratio"], require_cue=c["require_cue"])
+                                          max_len_ratio=c["max_len_ratio"], require_cue=c["require_cue"],
+                                          grammar=c["grammar"], nlp=nlp)
     stats = {"n_sentences": len(sentences), "n_candidates": len(rows), "n_kept": len(kept),
-             "keep_rate": len(kept) / max(len(rows), 1), "generation_s": gen_s,
-             "sentences_with_negation": len({r["original"] for r in kept}) / max(len(sentences), 1),
+             "keep_rate": len(kept) / len(rows) if rows else None, "generation_s": gen_s,
+             "n_two_blank_candidates": sum(r["n_blanks"] == 2 for r in rows),
+             "sentences_with_negation": len({r["original"] for r in kept}) / len(sentences) if sentences else None,
              **{f"dropped_{k}": v for k, v in counts.items()}}
     return kept, dropped, stats

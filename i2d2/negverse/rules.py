@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 from i2d2.config import CONF_DIR
-from i2d2.io import DataError
+from i2d2.io import DataError, read_text
 
 AFFIXAL_PAIRS = CONF_DIR / "negverse" / "affixal_pairs.tsv"
 PRONOUNS = {"someone": "nobody", "somebody": "nobody", "everyone": "nobody", "everybody": "nobody",
@@ -31,7 +31,7 @@ RULE_TYPES = {"verbal_aux": "verbal", "verbal_do": "verbal", "pronoun": "non_ver
 def load_affixal_pairs(path: str | Path | None = None) -> dict[str, str]:
     path = Path(path or AFFIXAL_PAIRS)
     pairs = {}
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         cols = line.split("\t")

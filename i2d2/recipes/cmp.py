@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -23,11 +22,15 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from i2d2.cmp.data import BUNDLED, Quintuple, load_quintuples, split_quintuples
+from i2d2.lightning_setup import plain as _container  # config node -> plain dicts/lists
+from i2d2.cmp.data import BUNDLED, Quintuple, load_quintuples, split_leaks, split_quintuples
 from i2d2.cmp.runners import evaluate_synthetic_qa, run_downstream
-from i2d2.cmp.tasks import TASKS, Collator, ExampleBuilder, eos_id, make_truncator, mask_token_for
+from i2d2.cmp.tasks import (TASKS, Collator, ExampleBuilder, eos_id, make_truncator, mask_token_for,
+                            resolve_separator, tokenizer_lowercases, untrained_parts)
 from i2d2.cmp.textualize import cut_documents, qa_pairs
-from i2d2.io import fingerprint, load_state_dict, read_jsonl, run_stage, write_json, write_jsonl, write_text
+from i2d2.io import atomic_dir, fingerprint, model_fingerprint, read_jsonl, run_stage, write_json, write_jsonl, \
+    write_text
+from i2d2.lightning_setup import build_trainer, checkpoint_weights, full_weights, resume_checkpoint
 from i2d2.models import load_seq2seq
 from i2d2.tracking import Tracker, build_logger
 
@@ -43,15 +46,17 @@ def resolve_path(p: str | None) -> Path | None:
     return BUNDLED / p[len("bundled:"):] if p.startswith("bundled:") else Path(p).expanduser()
 
 
-def _container(x):
-    return OmegaConf.to_container(x, resolve=True) if isinstance(x, DictConfig) else x
+def load_model(name: str, t: DictConfig):
+    """``(model, tokenizer, separator)``: a seq2seq model with its D1/D2 separator (never its EOS)."""
+    model, tok = load_seq2seq(name)
+    return model, tok, resolve_separator(model, tok, str(t.get("sep", "auto")))
 
 
-def _builder(tok, t: DictConfig, summaries: dict) -> ExampleBuilder:
+def _builder(tok, t: DictConfig, summaries: dict, sep: str) -> ExampleBuilder:
     pre = t.pretrain
     budget = max(16, (int(pre.max_source_length) - PROMPT_RESERVE) // 2)
     inf = t.infilling
-    return ExampleBuilder(summaries, inf.mask_token or mask_token_for(tok), sep=t.sep, mask_ratio=float(inf.mask_ratio),
+    return ExampleBuilder(summaries, inf.mask_token or mask_token_for(tok), sep=sep, mask_ratio=float(inf.mask_ratio),
                           poisson_lambda=float(inf.poisson_lambda), trunc=make_truncator(tok, budget))
 
 
@@ -69,8 +74,9 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
 
     t, pre = cfg.task, cfg.task.pretrain
     tasks = list(t.tasks)
-    model, tok = load_seq2seq(t.model)
-    builder = _builder(tok, t, summaries)
+    model, tok, sep = load_model(t.model, t)
+    untrained = untrained_parts(model)
+    builder = _builder(tok, t, summaries, sep)
     coll = Collator(tok, eos_id(model, tok), int(pre.max_source_length), int(pre.max_target_length))
     accum = int(cfg.trainer.get("accumulate_grad_batches", 1) or 1)
     steps = int(pre.max_steps)
@@ -85,10 +91,11 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     ckpt_dir = out_dir / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
                            save_last=True)
-    trainer = hydra.utils.instantiate(
-        cfg.trainer, max_steps=steps, max_epochs=-1, logger=logger if logger is not None else False,
-        callbacks=[ckpt], default_root_dir=str(out_dir), val_check_interval=min(int(pre.val_every), steps) * accum,
-        check_val_every_n_epoch=None, num_sanity_val_steps=0, enable_checkpointing=True)
+    trainer = build_trainer(
+        cfg.trainer, micro_batch=int(pre.batch_size), max_steps=steps, max_epochs=-1,
+        logger=logger if logger is not None else False, callbacks=[ckpt], default_root_dir=str(out_dir),
+        val_check_interval=min(int(pre.val_every), steps) * accum, check_val_every_n_epoch=None,
+        num_sanity_val_steps=0, enable_checkpointing=True)
     initial_path = out_dir / "initial_val.json"
     if initial_path.exists():  # resumed run: the untrained model's loss was measured already
         initial = json.loads(initial_path.read_text())
@@ -96,27 +103,28 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
         trainer.validate(module, val_loader(module, val_ds), verbose=False)
         initial = module.last_val
         write_json(initial_path, initial)
-    last = ckpt_dir / "last.ckpt"
     t0 = time.time()
     trainer.fit(module, train_loader(module, train_ds), val_loader(module, val_ds),
-                ckpt_path=str(last) if last.exists() else None)
+                ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))
     train_s = time.time() - t0
     if ckpt.best_model_path:
-        state = load_state_dict(ckpt.best_model_path)
-        module.load_state_dict(state)
+        state = checkpoint_weights(ckpt.best_model_path) if trainer.is_global_zero else None
+        with full_weights(trainer, module, modifier_rank=0):  # ZeRO-3: rank 0 loads, every rank gets the weights
+            if trainer.is_global_zero:
+                module.load_state_dict(state)
     trainer.validate(module, val_loader(module, val_ds), verbose=False)
     final = module.last_val
-    tmp = out_dir / ".model.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(out_dir / "model", ignore_errors=True)
-    os.replace(tmp, out_dir / "model")
+    with full_weights(trainer, module):
+        if trainer.is_global_zero:
+            with atomic_dir(out_dir / "model") as tmp:
+                model.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
     if not t.get("keep_checkpoints", False):
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     summary = {"initial": initial, "final": final, "steps": int(trainer.global_step), "train_seconds": train_s,
                "best_checkpoint": Path(ckpt.best_model_path).name if ckpt.best_model_path else None,
-               "per_step_examples": sizes}
+               "per_step_examples": sizes, "separator": sep, "untrained_at_start": untrained,
+               "tokenizer_lowercases": tokenizer_lowercases(tok)}
     write_json(out_dir / "metrics.json", summary)
     return summary
 
@@ -126,13 +134,13 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
     held_out = splits["test"]
     if ev.get("limit"):
         held_out = held_out[: int(ev.limit)]
-    candidates = {"pretrained": lambda: load_seq2seq(str(model_dir))}
+    candidates = {"pretrained": lambda: load_model(str(model_dir), t)}
     if ev.get("compare_base", True):
-        candidates = {"base": lambda: load_seq2seq(t.model), **candidates}
+        candidates = {"base": lambda: load_model(t.model, t), **candidates}
     out = {}
     for name, loader in candidates.items():
-        model, tok = loader()
-        metrics, rows = evaluate_synthetic_qa(model, tok, held_out, _builder(tok, t, summaries),
+        model, tok, sep = loader()
+        metrics, rows = evaluate_synthetic_qa(model, tok, held_out, _builder(tok, t, summaries, sep),
                                               int(ev.batch_size), int(t.pretrain.max_source_length),
                                               int(ev.max_new_tokens))
         write_jsonl(out_dir / f"predictions_{name}.jsonl", rows)
@@ -154,52 +162,154 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
     return out
 
 
+def downstream_dataset(cfg: DictConfig, key: str) -> dict:
+    """``data.downstream[key]`` with resolved paths and its ``smoke`` flag: files under the bundled
+    fixtures (a handful of items, for checking that a run works) are smoke unless said otherwise."""
+    if key not in cfg.data.downstream:
+        raise KeyError(f"task.downstream.datasets names {key!r}, not in data.downstream "
+                       f"({', '.join(cfg.data.downstream)})")
+    ds = _container(cfg.data.downstream[key])
+    ds = {**ds, "name": key, **{k: resolve_path(ds.get(k)) for k in ("eval_path", "train_path", "dev_path")}}
+    fixtures = BUNDLED / "fixtures"
+    ds["smoke"] = bool(ds.get("smoke", any(p is not None and p.resolve().is_relative_to(fixtures)
+                                           for p in (ds["eval_path"], ds["train_path"], ds["dev_path"]))))
+    return ds
+
+
+def downstream_protocol(t: DictConfig) -> dict:
+    d = t.downstream
+    return {"seeds": list(d.seeds), "lr_grid": list(d.lr_grid), "allow_fewer_shots": bool(d.allow_fewer_shots),
+            "finetune": _container(d.finetune)}
+
+
+def check_downstream_settings(cfg: DictConfig) -> None:
+    """Refuse impossible fine-tuning settings (k > training items, no dev set) before pre-training."""
+    from i2d2.cmp.runners import dev_and_pool, shot_count
+
+    d = cfg.task.downstream
+    for key in d.datasets:
+        ds = downstream_dataset(cfg, key)
+        tuned = [k for k in d.shots if str(k) != "0"]
+        if tuned:
+            task = ds.get("task") or "qa"
+            _, pool, _ = dev_and_pool(ds, task, int(d.finetune.get("dev_size", 100)))
+            for k in tuned:
+                shot_count(k, len(pool), key, bool(d.allow_fewer_shots))
+
+
 def downstream(cfg, model_dir: Path, out_dir: Path, tracker: Tracker) -> dict:
     t, d = cfg.task, cfg.task.downstream
-    loaders = {"pretrained": lambda: load_seq2seq(str(model_dir)), "base": lambda: load_seq2seq(t.model)}
+    loaders = {"pretrained": lambda: load_model(str(model_dir), t), "base": lambda: load_model(t.model, t)}
+    protocol = downstream_protocol(t)
     results = {}
     for key in d.datasets:
-        if key not in cfg.data.downstream:
-            raise KeyError(f"task.downstream.datasets names {key!r}, not in data.downstream "
-                           f"({', '.join(cfg.data.downstream)})")
-        ds = _container(cfg.data.downstream[key])
-        ds = {**ds, "name": key, "eval_path": resolve_path(ds["eval_path"]),
-              "train_path": resolve_path(ds.get("train_path"))}
+        ds = downstream_dataset(cfg, key)
         for which in d.models:
             for k in d.shots:
                 unit = out_dir / f"{key}_{which}_k{k}.json"
-                if unit.exists():  # finished unit of a resumed stage
-                    results[unit.stem] = json.loads(unit.read_text())["metrics"]
-                    continue
-                metrics, rows = run_downstream(loaders[which], ds, int(k), cfg.trainer, _container(d.finetune),
-                                               seed=int(cfg.seed), max_source_length=int(t.pretrain.max_source_length))
-                write_json(unit, {"metrics": metrics, "predictions": rows})
-                results[unit.stem] = metrics
-                tracker.log_metrics({f"cmp/downstream/{unit.stem}/{m}": v for m, v in metrics.items()})
+                if not unit.exists():  # else: finished unit of a resumed stage
+                    res = run_downstream(loaders[which], ds, k, cfg.trainer, protocol,
+                                         max_source_length=int(t.pretrain.max_source_length))
+                    write_json(unit, {**res, "model": which, "smoke": ds["smoke"]})
+                res = {m: v for m, v in json.loads(unit.read_text()).items() if m != "predictions"}
+                results[unit.stem] = res
+                tracker.log_metrics({f"cmp/downstream/{unit.stem}/{m}": v for m, v in res["metrics"].items()})
     return results
+
+
+def _fmt(v, sd=None) -> str:
+    return f"{v:.2f}" if sd is None else f"{v:.2f} ± {sd:.2f}"
+
+
+def _downstream_rows(runs: dict) -> list[str]:
+    lines = ["| dataset (eval file, n) | model | setting | metrics | seeds | lr (by dev) |",
+             "|---|---|---|---|---|---|"]
+    for r in runs.values():
+        setting = "zero-shot" if r["k"] == "0" else "full data" if r["k"] == "full" else f"{r['k']}-shot"
+        if r["k"] != "0":
+            setting += f" ({r['k_used']} train, dev {r['n_dev']})"
+        std = r.get("std") or {}
+        metrics = ", ".join(f"{m} {_fmt(v, std.get(m))}" for m, v in r["metrics"].items() if m != "n")
+        lr = f"{r['lr']:g} of {'/'.join(map(str, r['dev_by_lr']))}" if r.get("lr") is not None else "–"
+        lines.append(f"| {r['dataset']} ({Path(r['eval_file']).name}, {r['n_eval']}) | {r['model']} | {setting} "
+                     f"| {metrics} | {r['n_seeds']} | {lr} |")
+    return lines
+
+
+def _model_notes(summary: dict) -> list[str]:
+    pre = summary.get("pretrain", {})
+    notes = []
+    if pre.get("untrained_at_start"):
+        notes.append(f"- **{summary.get('model')} starts with untrained weights**: "
+                     f"{', '.join(pre['untrained_at_start'])} are randomly initialised (warm-started "
+                     "encoder-decoder), so 'base' numbers measure a model whose decoder cannot yet read the "
+                     "encoder, and pre-training has to learn cross-attention from scratch.")
+    if pre.get("tokenizer_lowercases"):
+        notes.append("- The tokenizer folds case (uncased vocabulary; no cased tokenizer fits these weights "
+                     "offline): outputs are lower-case, so BLEU is reported case-insensitively as `bleu_uncased`.")
+    if pre.get("separator"):
+        notes.append(f"- D1/D2 separator: `{pre['separator']}` (distinct from the end-of-sequence token).")
+    return notes
 
 
 def _report(summary: dict) -> str:
     lines = ["# CMP run report", ""]
+    notes = _model_notes(summary)
+    if notes:
+        lines += ["## Model", "", *notes, ""]
     pre = summary.get("pretrain", {})
-    if pre:
+    if pre.get("final"):
         lines += ["## Pre-training (validation loss, summed over tasks)", "",
                   "| | " + " | ".join(pre["final"]) + " |", "|---" * (len(pre["final"]) + 1) + "|",
                   "| before | " + " | ".join(f"{pre['initial'].get(k, float('nan')):.3f}" for k in pre["final"]) + " |",
                   "| after | " + " | ".join(f"{v:.3f}" for v in pre["final"].values()) + " |", "",
                   f"{pre['steps']} steps in {pre['train_seconds']:.0f} s", ""]
-    zs = summary.get("zero_shot", {})
+    zs, sp = summary.get("zero_shot", {}), summary.get("splits", {})
     if zs:
-        lines += ["## Zero-shot held-out synthetic comparative QA", "", "| model | EM | F1 | n |", "|---|---|---|---|"]
+        lines += ["## Zero-shot synthetic comparative QA on unseen entities", ""]
+        if sp:
+            lines += [f"Split by {sp['by']} (seed {summary.get('seed')}): {sp['train']} train / {sp['validation']} "
+                      f"validation / {sp['test']} test quintuples ({sp['dropped']} dropped: they pair a training "
+                      f"entity with a held-out one); test entities {sp['entities']['test']}, entities, documents "
+                      f"and facts shared with training: {sum(sp['shared_with_train']['test'].values())}.", ""]
+        lines += ["| model | EM | F1 | n |", "|---|---|---|---|"]
         lines += [f"| {m}{' (' + repr(v['answer']) + ')' if 'answer' in v else ''} | {v['em']:.2f} | {v['f1']:.2f} "
                   f"| {v['n']} |" for m, v in zs.items()]
         lines.append("")
     ds = summary.get("downstream", {})
-    if ds:
-        lines += ["## Downstream", "", "| run | metrics |", "|---|---|"]
-        lines += [f"| {k} | " + ", ".join(f"{m}={v}" if m == "n" else f"{m}={v:.2f}" for m, v in r.items()) + " |"
-                  for k, r in ds.items()]
+    real = {k: r for k, r in ds.items() if not r.get("smoke")}
+    smoke = {k: r for k, r in ds.items() if r.get("smoke")}
+    if real:
+        lines += ["## Downstream", "", "Mean ± std over seeds; fine-tuned settings keep the best dev checkpoint by "
+                  "F1 (QA), BLEU (QG) or ROUGE-L (summaries) and the learning rate with the best mean dev score.", "",
+                  *_downstream_rows(real), ""]
+    if smoke:
+        lines += ["## Smoke checks on bundled fixtures (not results)", "",
+                  "These runs use the handful of items shipped in i2d2/data/cmp/fixtures to check that the pipeline "
+                  "works; their numbers say nothing about the model. Point data.downstream.<name>.eval_path / "
+                  "train_path at the released files for results.", "", *_downstream_rows(smoke), ""]
     return "\n".join(lines) + "\n"
+
+
+def make_splits(cfg: DictConfig, quints: list[Quintuple], corpus: Path) -> tuple[dict, dict]:
+    """Train/validation/test by ``data.split_by`` (default: by entity), with a summary of what each
+    split holds and what it shares with training (must be nothing for entity splits)."""
+    by = str(cfg.data.get("split_by", "entity"))
+    splits = split_quintuples(quints, float(cfg.data.val_fraction), float(cfg.data.test_fraction), int(cfg.seed), by)
+    if not splits["validation"] or not splits["test"]:
+        raise ValueError(f"{corpus}: need validation and test quintuples (got {len(splits['validation'])}, "
+                         f"{len(splits['test'])}); raise data.val_fraction / data.test_fraction")
+    leaks = split_leaks(splits)
+    n_leaks = {s: {k: len(v) for k, v in kinds.items()} for s, kinds in leaks.items()}
+    if by == "entity" and any(any(v.values()) for v in n_leaks.values()):
+        raise AssertionError(f"entity split leaks into training: {leaks}")  # split_quintuples guarantees none
+    info = {"by": by, **{s: len(splits[s]) for s in ("train", "validation", "test", "dropped")},
+            "entities": {s: len({e for q in splits[s] for e in (q.e1, q.e2)}) for s in ("train", "validation", "test")},
+            "shared_with_train": n_leaks}
+    log.info("CMP corpus %s split by %s: %s", corpus, by, info)
+    if by == "field" and any(any(v.values()) for v in n_leaks.values()):
+        log.warning("%s: the rows' own splits share entities/documents/facts with training: %s", corpus, n_leaks)
+    return splits, info
 
 
 def run(cfg: DictConfig) -> dict:
@@ -215,21 +325,20 @@ def run(cfg: DictConfig) -> dict:
 
     corpus = resolve_path(cfg.data.corpus) or BUNDLED / "corpus.jsonl"
     quints = cut_documents(load_quintuples(corpus, check_links=bool(cfg.data.check_links)), int(t.segment_sentences))
-    splits = split_quintuples(quints, float(cfg.data.val_fraction), float(cfg.data.test_fraction), int(cfg.seed))
-    log.info("CMP corpus %s: %s", corpus, {k: len(v) for k, v in splits.items()})
-    if not splits["validation"] or not splits["test"]:
-        raise ValueError(f"{corpus}: need validation and test quintuples (got {len(splits['validation'])}, "
-                         f"{len(splits['test'])}); adjust data.val_fraction / data.test_fraction")
+    splits, split_info = make_splits(cfg, quints, corpus)
+    if t.downstream.datasets:
+        check_downstream_settings(cfg)
 
     realiser_cfg = _container(t.summary.realiser)
-    fp_text = fingerprint(corpus, realiser_cfg)
+    fp_text = fingerprint(corpus, realiser_cfg, "cmp-textualize-v1")  # corpus bytes; v: the stage's output format
     run_stage(run_dir / "textualize", fp_text, lambda d: textualize(quints, realiser_cfg, d), "textualize")
     summaries = {r["id"]: r["summary"] for r in read_jsonl(run_dir / "textualize" / "summaries.jsonl")}
 
-    summary = {"corpus": str(corpus), "splits": {k: len(v) for k, v in splits.items()}, "tasks": list(t.tasks)}
-    fp_pre = fingerprint(fp_text, t.model, list(t.tasks), _container(t.get("mix")), _container(t.pretrain),
+    summary = {"corpus": str(corpus), "model": t.model, "seed": int(cfg.seed), "splits": split_info,
+               "tasks": list(t.tasks)}
+    fp_pre = fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", list(t.tasks), _container(t.get("mix")), _container(t.pretrain),
                          _container(t.infilling), t.sep, int(cfg.seed), float(cfg.data.val_fraction),
-                         float(cfg.data.test_fraction))
+                         float(cfg.data.test_fraction), split_info)
     summary["pretrain"] = run_stage(run_dir / "pretrain", fp_pre,
                                     lambda d: pretrain(cfg, splits, summaries, d, logger), "pretrain")
     pre = summary["pretrain"]

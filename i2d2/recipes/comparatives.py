@@ -21,24 +21,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
+from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.comparatives import filters as F
-from i2d2.comparatives.entities import BUNDLED, load_classes
-from i2d2.comparatives.metrics import corpus_metrics
+from i2d2.comparatives.entities import BUNDLED, UNCOUNTABLE, load_classes
+from i2d2.comparatives.frequency import FrequencyFilter, filter_obscure
+from i2d2.comparatives.metrics import corpus_metrics, fmt
 from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows, select_passes
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
-from i2d2.io import DataError, fingerprint, read_jsonl, run_stage, write_json, write_jsonl, write_text
+from i2d2.io import DataError, fingerprint, in_run, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
+    write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
 SEED_ANNOTATIONS = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "annotations_gemma.jsonl"
 FILTER_STAGES = ("dedup", "groups", "contradiction")
-
-
-def _plain(node):
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
 
 
 def _df(path: Path) -> pd.DataFrame:
@@ -59,6 +58,13 @@ def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
     wl = load_wordlists(task.wordlists)
     classes = load_classes(data.classes, data.format, int(data.min_entities),
                            list(data.wikidata.roots), int(data.wikidata.max_depth))
+    n_entities_loaded = sum(len(v) for v in classes.values())
+    freq = None
+    if data.entity_filter.enabled:  # §2.1.3: obscure entities out, then classes with < 2 entities
+        ef = data.entity_filter
+        classes, freq = filter_obscure(classes, FrequencyFilter(str(ef.source), float(ef.min_count),
+                                                                float(ef.corpus_words), int(data.min_entities)))
+        write_json(out_dir / "entity_frequency.json", freq)
     pairs = make_pairs(classes, data.template, bool(data.both_orders), data.max_pairs_per_class, int(cfg.seed))
     if pairs.empty:
         raise DataError(f"{data.classes or BUNDLED}: no entity pairs (need classes with >= 2 entities)")
@@ -75,6 +81,8 @@ def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
     rows = prompt_rows(kept, passes, wl, int(c.top_k), _plain(c.order), _plain(c.negatives))
     write_jsonl(out_dir / "prompts.jsonl", rows)
     summary = {"n_classes": len(classes), "n_entities": sum(len(v) for v in classes.values()),
+               "n_entities_loaded": n_entities_loaded,
+               "n_entities_dropped_obscure": None if freq is None else len(freq["dropped_entities"]),
                "n_pairs": len(pairs), "n_pairs_after_perplexity": int(scored["kept"].sum()),
                "n_pairs_used": len(kept), "n_passes": len(passes), "n_prompts": len(rows),
                "perplexity_seconds": round(time.time() - t0, 1),
@@ -88,8 +96,10 @@ def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
     return summary
 
 
-def candidates(gen_rows: list[dict], first_sentence: bool = True, at_clause: bool = False) -> pd.DataFrame:
-    """Generation rows -> one row per non-empty generation with text, statement and matched literals."""
+def candidates(gen_rows: list[dict], first_sentence: bool = True, at_clause: bool = False,
+               comparatives: list[str] | None = None) -> pd.DataFrame:
+    """Generation rows -> one row per non-empty generation with text, statement and matched literals
+    (``comparatives``: what ``at_clause`` keeps coordinated, see filters.first_sentence)."""
     df = pd.DataFrame(gen_rows)
     if df.empty:
         return df
@@ -97,7 +107,8 @@ def candidates(gen_rows: list[dict], first_sentence: bool = True, at_clause: boo
     if len(names) != 1:
         raise DataError(f"generations mix constraint layouts {list(names)[:3]}")
     matched = pd.DataFrame(df["matched"].tolist(), columns=list(names[0]), index=df.index)
-    text = F.first_sentence(df["generation"], at_clause) if first_sentence else df["generation"].fillna("").str.strip()
+    text = F.first_sentence(df["generation"], at_clause, comparatives) if first_sentence \
+        else df["generation"].fillna("").str.strip()
     df = df.drop(columns=[c for c in matched.columns if c in df.columns])
     df = df.assign(text=text, statement=df["prompt"] + " " + text, **{c: matched[c] for c in matched.columns})
     return df.loc[df["text"].str.len() > 0].reset_index(drop=True)
@@ -134,13 +145,13 @@ def _groups_fn(fcfg):
     return lambda df: F.constraint_groups(df, list(fcfg["keys"]), require_satisfied=False)
 
 
-def _contradiction_fn(fcfg, wl):
+def _contradiction_fn(fcfg, wl, device: str):
     def fn(df):
         from critics.contradiction import load_contradiction_scorer
 
         scorer = load_contradiction_scorer(fcfg.scorer, scales=wl.scales, comparatives=wl.comparatives,
                                            batch_size=int(fcfg.batch_size),
-                                           label_indices=_plain(fcfg.get("label_indices")))
+                                           label_indices=_plain(fcfg.get("label_indices")), device=device)
         from critics.contradiction import ComparativeDirectionScorer
 
         # the offline scorer reads the continuation (the shared prompt's entity names could look like
@@ -170,19 +181,29 @@ def annotation_paths(cfg) -> list[Path]:
     return out
 
 
+def _recorded(critic: dict, cfg) -> dict:
+    """The critic's summary as the run records it: its files relative to run_dir (read back with in_run)."""
+    return {**critic, **{k: run_relative(critic[k], cfg.run_dir) for k in ("model_dir", "pr_curve", "score_histogram")
+                         if critic.get(k)}}
+
+
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None) -> dict:
     from critics.scoring import score_texts
     from critics.train import train_critic
+    from i2d2.lightning_setup import resolve_device
 
     dcfg = cfg.task.filters.discriminator
     ccfg = critic_cfg(cfg)
     paths = annotation_paths(cfg)
     critic = run_stage(critic_dir, fingerprint(ccfg, *paths, _plain(cfg.trainer)),
-                       lambda d: train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm), name="critic")
+                       lambda d: _recorded(train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm), cfg),
+                       name="critic")
+    critic_model = in_run(critic["model_dir"], cfg.run_dir)
 
     def body(d: Path):
         df = _df(in_path)
-        scores = score_texts(critic["model_dir"], df["statement"].tolist(), batch_size=int(dcfg.batch_size)) \
+        scores = score_texts(critic_model, df["statement"].tolist(), batch_size=int(dcfg.batch_size),
+                             device=resolve_device(cfg.trainer)) \
             if len(df) else np.zeros(0)
         cuts = F.discriminator_cuts(df, scores, _plain(dcfg.cuts))
         for name, part in cuts.items():
@@ -190,7 +211,7 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
         return {"in": int(len(df)), **{name: int(len(part)) for name, part in cuts.items()},
                 "out": int(min(len(p) for p in cuts.values())) if cuts else 0}
 
-    summary = run_stage(out_dir, fingerprint(in_path, Path(critic["model_dir"]), _plain(dcfg)), body,
+    summary = run_stage(out_dir, fingerprint(in_path, critic_model, _plain(dcfg)), body,
                         name="filter/discriminator")
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
@@ -212,9 +233,8 @@ def _model_name(cfg, k: int) -> str:
 
 
 def run_iteration(cfg, k: int, tracker) -> dict:
-    import torch
-
     from i2d2.generation import generate_stage, read_generations
+    from i2d2.lightning_setup import resolve_device
     from i2d2.models import load_causal_lm
 
     it = Path(cfg.run_dir) / f"iter_{k}"
@@ -223,24 +243,25 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     task = cfg.task
     wl = load_wordlists(task.wordlists)
     name = _model_name(cfg, k)
+    model_key = model_fingerprint(name)  # a model folder by its content, not its path: the run folder can move
     t0 = time.time()
     model, tok = load_causal_lm(name, cache=cfg.cache_dir, dtype=cfg.model.get("dtype"))
-    if torch.cuda.is_available():
-        model.to("cuda")
-    model.eval()
+    model.to(resolve_device(cfg.trainer)).eval()
     log.info("loaded generator %s in %.1fs", name, time.time() - t0)
     timings = {}
 
     t0 = time.time()
     classes_path = Path(cfg.data.classes) if cfg.data.classes else BUNDLED
+    ef = cfg.data.entity_filter
+    corpus = Path(ef.source) if ef.enabled and ef.source != "wordfreq" else None  # a user corpus: its content counts
     fp = fingerprint(_plain(cfg.data), classes_path, Path(task.wordlists), _plain(task.constraints),
-                     task.max_passes, name, cfg.seed)
+                     task.max_passes, model_key, cfg.seed, UNCOUNTABLE, corpus)
     prompts = run_stage(it / "prompts", fp, lambda d: build_prompts(cfg, model, tok, d, tracker), name="prompts")
     timings["prompts"] = time.time() - t0
 
     t0 = time.time()
     prompts_path = it / "prompts" / "prompts.jsonl"
-    gen_fp = fingerprint(prompts_path, _plain(cfg.decoding), name, int(task.shard_size))
+    gen_fp = fingerprint(prompts_path, _plain(cfg.decoding), model_key, int(task.shard_size))
     generation = run_stage(it / "generations", gen_fp,
                            lambda d: generate_stage(model, tok, prompts_path, d, _plain(cfg.decoding), tracker,
                                                     shard_size=int(task.shard_size)), name="generations")
@@ -251,7 +272,8 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     keys = list(task.filters.groups["keys"])
 
     def cand_body(d: Path):
-        df = candidates(read_generations(it / "generations"), bool(task.first_sentence), bool(task.cut_at_clause))
+        df = candidates(read_generations(it / "generations"), bool(task.first_sentence), bool(task.cut_at_clause),
+                        wl.comparatives)
         if task.require_satisfied and len(df):
             # NeuroLogic output that missed a clause (or lost it to the first-sentence cut) is no comparative
             df = df.loc[F.satisfied_mask(df, keys)]
@@ -259,14 +281,14 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         return {"in": int(generation.get("n_generations", 0)), "out": int(len(df))}
 
     cand_fp = fingerprint(gen_union, bool(task.first_sentence), bool(task.cut_at_clause),
-                          bool(task.require_satisfied), keys)
+                          bool(task.require_satisfied), keys, wl.comparatives, "coordinated-comparatives-v1")
     counts = {"generated": {"in": int(prompts["n_prompts"]), "out": int(generation.get("n_generations", 0))},
               "candidates": run_stage(fdir / "candidates", cand_fp, cand_body, name="candidates")}
     cand_path = fdir / "candidates" / "kept.jsonl"
 
     fcfg = task.filters
     stage_fns = {"dedup": _dedup_fn(fcfg.dedup), "groups": _groups_fn(fcfg.groups),
-                 "contradiction": _contradiction_fn(fcfg.contradiction, wl)}
+                 "contradiction": _contradiction_fn(fcfg.contradiction, wl, resolve_device(cfg.trainer))}
     prev = cand_path
     for s in FILTER_STAGES:
         t0 = time.time()
@@ -282,7 +304,6 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         disc = discriminator_stage(cfg, prev, it / "critic", fdir / "discriminator", tracker, lm)
         counts["discriminator"] = {k: v for k, v in disc.items() if k != "critic"}
         timings["discriminator"] = time.time() - t0
-    del model
     write_json(fdir / "stage_counts.json", {"stages": [{"stage": k, **v} for k, v in counts.items()]})
 
     # ---- metrics: Self-BLEU per pair, relation entropy, per-stage counts
@@ -306,6 +327,17 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     qa_src = task.qa.source if task.qa.source in sets else next(iter(sets))
     qa = export_qa(sets[qa_src].to_dict("records"), balance=bool(task.qa.balance), seed=int(cfg.seed))
     write_jsonl(it / "comparative_qa.jsonl", qa)
+    if task.qa.evaluate.enabled:
+        t0 = time.time()
+        metrics["comparative_qa"] = run_stage(
+            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl", _plain(task.qa.evaluate), model_key, cfg.seed),
+            lambda d: qa_eval_stage(cfg, it / "comparative_qa.jsonl", d, (model, tok), name), name="qa_eval")
+        metrics["timings_s"]["qa_eval"] = round(time.time() - t0, 1)
+        write_json(it / "metrics.json", metrics)
+        if tracker is not None:
+            tracker.log_metrics({f"qa/{k}": v for k, v in metrics["comparative_qa"].items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    del model
 
     # ---- samples + report
     cols = ["pair_id", "statement", "score"] + (["critic_score"] if "critic_score" in sets[qa_src] else [])
@@ -322,6 +354,27 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     return metrics
 
 
+def qa_eval_stage(cfg, qa_path: Path, out_dir: Path, generator, generator_name: str) -> dict:
+    """§4.3: accuracy of an LM on the exported ComparativeQA (task.qa.evaluate; model null = the generator)."""
+    from i2d2.comparatives.qa_eval import QAEvalConfig, evaluate_qa
+    from i2d2.lightning_setup import resolve_device
+    from i2d2.models import load_causal_lm
+
+    ecfg = _plain(cfg.task.qa.evaluate)
+    name = ecfg.get("model") or generator_name
+    if ecfg.get("model"):
+        model, tok = load_causal_lm(name, cache=cfg.cache_dir)
+        model.to(resolve_device(cfg.trainer)).eval()
+    else:
+        model, tok = generator
+    qcfg = QAEvalConfig(**{k: v for k, v in ecfg.items() if k not in ("enabled", "model")}, seed=int(cfg.seed))
+    metrics, rows = evaluate_qa(model, tok, read_jsonl(qa_path), qcfg, where=str(qa_path))
+    write_jsonl(out_dir / "predictions.jsonl", rows)
+    metrics["model"] = name
+    metrics["model_is_generator"] = not ecfg.get("model")  # QA built from its own output: no independent test
+    return metrics
+
+
 def _report(k, prompts, counts, metrics, samples, qa) -> str:
     lines = [f"# NeuroComparatives, iteration {k}", "",
              f"{prompts['n_classes']} classes / {prompts['n_entities']} entities, {prompts['n_pairs']} pairs, "
@@ -331,11 +384,17 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
     lines += ["", "## Metrics", "", "| set | n | pairs | Self-BLEU-2 | Self-BLEU-3 | relation entropy |",
               "|---|---|---|---|---|---|"]
     for name, m in metrics.items():
-        if isinstance(m, dict) and "n" in m and m["n"]:
-            sb = ["-" if m[k] is None else f"{m[k]:.3f}" for k in ("self_bleu_2", "self_bleu_3")]
-            lines.append(f"| {name} | {m['n']} | {m['n_pairs']} | {sb[0]} | {sb[1]} | {m['relation_entropy']:.3f} |")
+        if isinstance(m, dict) and "n_pairs" in m and m["n"]:  # the statement sets (nc / nc_xl / nc_l / nc_s)
+            lines.append(f"| {name} | {m['n']} | {m['n_pairs']} | {fmt(m['self_bleu_2'])} | {fmt(m['self_bleu_3'])} "
+                         f"| {fmt(m['relation_entropy'])} |")
     lines += ["", "## Samples", ""] + [f"- {r.statement} (S={r.score:.3f})" for r in samples.itertuples()]
     lines += ["", "## ComparativeQA", ""] + [f"- {q['text']}" for q in qa]
+    e = metrics.get("comparative_qa")
+    if e:
+        who = f"{e['model']}" + (" (the generator, on QA from its own output)" if e["model_is_generator"] else "")
+        lines += ["", f"Scored by {who}: accuracy {fmt(e['accuracy'])} on {e['n']} items "
+                      f"(answers {e['answer_counts']}, constant-guess baseline {fmt(e['majority_baseline'])}, "
+                      f"predicted A {fmt(e['predicted_A_share'])})"]
     return "\n".join(lines) + "\n"
 
 

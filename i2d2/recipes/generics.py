@@ -37,8 +37,10 @@ from typing import Any, Callable
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from i2d2.io import DONE, STARTED, fingerprint, mark_done, read_jsonl, run_stage, stage_done, write_json, write_jsonl, \
-    write_text
+from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
+from i2d2.concepts import data_files
+from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, run_relative, \
+    run_stage, stage_done, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,9 @@ FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
 FILTER_FORMAT = 3  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept
+# The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
+# so that a run folder written by an older version redoes that stage instead of reading the old format.
+STAGE_FORMAT = {"prompts": 1, "generation": 1, "critic": 1, "filter": FILTER_FORMAT, "heldout": 1, "finetune": 1}
 TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation",
              "heldout"}
 
@@ -67,7 +72,7 @@ def _get(cfg, dotted: str, default=None):
 
 def check_config(cfg: DictConfig) -> None:
     """Fail before any work, naming the field, for settings the loop cannot run."""
-    from trainers.lm_finetune import check_trainer_cfg
+    from i2d2.lightning_setup import check_trainer_cfg
 
     def need(cond, field, msg):
         if not cond:
@@ -102,8 +107,6 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("beam_size", "num_return", "max_new_tokens"):
         v = cfg.decoding.get(key)
         need(isinstance(v, int) and v >= 1, f"decoding.{key}", f"must be an integer >= 1, got {v!r}")
-    need(cfg.decoding.num_return <= cfg.decoding.beam_size, "decoding.num_return",
-         f"({cfg.decoding.num_return}) cannot exceed decoding.beam_size ({cfg.decoding.beam_size})")
     try:
         check_trainer_cfg(OmegaConf.to_container(cfg.trainer, resolve=True))
     except RuntimeError as e:
@@ -144,7 +147,7 @@ class Ranks:
 
 def launch(cfg: DictConfig) -> Ranks:
     """Start the ranks a multi-device trainer config asks for (see the module docstring)."""
-    from trainers.lm_finetune import is_deepspeed, strategy_name, world_size_of
+    from i2d2.lightning_setup import is_deepspeed, strategy_name, world_size_of
 
     tc = OmegaConf.to_container(cfg.trainer, resolve=True)
     world = world_size_of(tc)
@@ -189,16 +192,18 @@ def _wait_for(out_dir: Path, fp: str, poll: float = 2.0) -> dict:
 
 
 def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None], name: str,
-          all_ranks: bool = False) -> dict:
-    """``run_stage`` with ranks: rank-0 stages make the others wait; all-rank stages run ``fn`` everywhere."""
+          all_ranks: bool = False, outputs: tuple = ()) -> dict:
+    """``run_stage`` with ranks: rank-0 stages make the others wait; all-rank stages run ``fn`` everywhere.
+    The stage's format version joins its fingerprint; ``outputs`` outside ``out_dir`` are removed before a run."""
     out_dir = Path(out_dir)
+    fp = fingerprint(fp, STAGE_FORMAT[name])
     if ranks.mode != "subprocess":
-        return run_stage(out_dir, fp, fn, name)
+        return run_stage(out_dir, fp, fn, name, outputs)
     if not all_ranks:
         if not ranks.zero:
             return _wait_for(out_dir, fp)
         try:
-            return run_stage(out_dir, fp, fn, name)
+            return run_stage(out_dir, fp, fn, name, outputs)
         except BaseException as e:
             write_json(out_dir / "_FAILED.json", {"fingerprint": fp, "error": repr(e)})
             raise
@@ -207,11 +212,7 @@ def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None
     if done is not None:
         return done
     if ranks.zero:
-        started = out_dir / STARTED
-        if started.exists() and json.loads(started.read_text()).get("fingerprint") != fp:
-            shutil.rmtree(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(started, {"fingerprint": fp})
+        prepare_stage(out_dir, fp, name, outputs)
     _barrier(ranks)
     summary = fn(out_dir) or {}
     _barrier(ranks)
@@ -223,14 +224,7 @@ def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None
 
 # ----------------------------------------------------------------------------- the stages
 
-def _plain(node) -> Any:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
-def _model_id(name: str) -> str:
-    """A fingerprint part for a model: its files' content for a local folder, else its name."""
-    p = Path(name)
-    return fingerprint(p) if p.is_dir() else name
+_model_id = model_fingerprint  # a local model folder's bytes, else its name
 
 
 def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple[Path, dict]:
@@ -241,7 +235,9 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     sampling = cfg.task.get("prompt_sampling", "fixed")
     max_prompts = cfg.task.get("max_prompts")
     if k == 0:
-        fp = fingerprint("prompts", _plain(cfg.data), str(cfg.model.name), max_prompts, sampling, int(cfg.seed))
+        # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
+        fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
+                         max_prompts, sampling, int(cfg.seed))
     else:
         if not pool0.exists():
             raise MissingIterationError(f"iteration {k} reuses iteration 0's prompt pool, but {pool0} is missing")
@@ -332,20 +328,15 @@ def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, 
 
 
 def _device(cfg) -> str:
-    import torch
+    from i2d2.lightning_setup import resolve_device
 
-    accel = str(cfg.trainer.get("accelerator", "cpu"))
-    if accel in ("gpu", "cuda", "auto") and torch.cuda.is_available():
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        return "cuda"
-    return "cpu"
+    return resolve_device(cfg.trainer)
 
 
 def critic_trainer(cfg, ranks: Ranks) -> dict:
     """The critic's trainer: one device in a single main process (fork strategies included), plain DDP over
     the launched ranks otherwise (a small classifier needs no DeepSpeed; every rank must join its collectives)."""
-    from trainers.lm_finetune import is_deepspeed, resolve_precision
+    from i2d2.lightning_setup import is_deepspeed, resolve_precision
 
     tc = _plain(cfg.trainer)
     out = {k: v for k, v in tc.items() if k not in ("strategy", "devices", "num_nodes")}
@@ -377,7 +368,7 @@ def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
             if policy == "never" or info.get("labels_fingerprint") == labels_fp:
                 source = (j, info)
             break
-    fp = fingerprint(labels_fp, policy, None if source is None else source[1].get("model_dir"))
+    fp = fingerprint(labels_fp, policy, None if source is None else in_run(source[1]["model_dir"], cfg.run_dir))  # weights
 
     def fn(d: Path) -> dict:
         if source is not None:
@@ -391,8 +382,11 @@ def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
             return {**info, "reused_from": j if info.get("reused_from") is None else info["reused_from"]}
         summary = train_critic(cfg.critic, paths, d, trainer_cfg=critic_trainer(cfg, ranks), tracker=tracker,
                                lm=lm() if ranks.zero else None)  # P_k's perplexity: the baseline ranker
-        return {**summary, "labels_fingerprint": labels_fp, "annotation_paths": [str(p) for p in paths],
-                "reused_from": None}
+        # recorded relative to run_dir (the run folder can move); read back with in_run
+        files = {key: run_relative(summary[key], cfg.run_dir) for key in ("model_dir", "pr_curve", "score_histogram")
+                 if summary.get(key)}
+        return {**summary, **files, "labels_fingerprint": labels_fp,
+                "annotation_paths": [run_relative(p, cfg.run_dir) for p in paths], "reused_from": None}
 
     # under a launched DDP run every rank joins the critic's fit (Lightning/torchmetrics collectives)
     return stage(ranks, out, fp, fn, "critic", all_ranks=source is None)
@@ -427,7 +421,8 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     delta = float(fcfg["delta"]) if fcfg.get("delta") is not None else float(critic["delta"])
     acfg = _plain(cfg.task.get("annotation") or {})
     # the critic's weights, not its path; the format version changes when the stage's output format does
-    fp = fingerprint("filter", FILTER_FORMAT, gens, Path(critic["model_dir"]), delta, fcfg, acfg)
+    critic_dir = in_run(critic["model_dir"], cfg.run_dir)
+    fp = fingerprint("filter", gens, critic_dir, delta, fcfg, acfg)
 
     def fn(d: Path) -> dict:
         rows = read_jsonl(gens, required=("prompt_id",))  # an empty generation is a row too (dropped below)
@@ -444,8 +439,8 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
             unfinished = [{**r, "critic_score": None, "drop_reason": "unfinished"} for r in rows
                           if r["generation"] and not ends_sentence(r["generation"])]
             rows = [r for r in rows if not r["generation"] or ends_sentence(r["generation"])]
-        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
-                             batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
+        scores = score_texts(critic_dir, [r["statement"] for r in rows],
+                             batch_size=int(_get(cfg.critic, "eval_batch_size", 64)), device=_device(cfg))
         kept, dropped = threshold_filter(rows, scores, delta)
         for r in dropped:
             r["drop_reason"] = "critic"
@@ -523,8 +518,8 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
     prompts0 = Path(cfg.run_dir) / "iter_0" / "heldout" / "prompts.jsonl"
     decoding = _plain(cfg.decoding)
     mode = _get(cfg.task, "filter.truncate", "sentence")
-    source = (_plain(cfg.data), str(cfg.model.name)) if k == 0 else prompts0
-    fp = fingerprint("heldout", hcfg, source, decoding, model_key, mode, int(cfg.seed))
+    source = (_plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name))) if k == 0 else (prompts0,)
+    fp = fingerprint("heldout", hcfg, *source, decoding, model_key, mode, int(cfg.seed))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -582,9 +577,10 @@ def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks:
         model, tok = lm()
         return finetune(model, tok, rows, d, model_dir(cfg.run_dir, k), ft, tc, logger=logger, seed=int(cfg.seed) + k,
                         meta={"iteration": k, "base_model": model_key if not Path(model_key).exists() else None,
-                              "trained_from": lm.name})
+                              "trained_from": run_relative(lm.name, cfg.run_dir)})
 
-    return stage(ranks, out, fp, fn, "finetune", all_ranks=True)
+    # P_{k+1} lives outside finetune/: a redo removes it first, so iteration k+1 never starts from a stale model
+    return stage(ranks, out, fp, fn, "finetune", all_ranks=True, outputs=(model_dir(cfg.run_dir, k),))
 
 
 def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict, ft: dict, prompts: dict,
@@ -620,11 +616,12 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
     if held_rows:  # the critic's opinion of the held-out generations: a proxy, next to what a person judged
         from critics.scoring import score_texts
 
-        s = score_texts(critic["model_dir"], [r["statement"] for r in held_rows],
-                        batch_size=int(_get(cfg.critic, "eval_batch_size", 64)))
+        s = score_texts(in_run(critic["model_dir"], cfg.run_dir), [r["statement"] for r in held_rows],
+                        batch_size=int(_get(cfg.critic, "eval_batch_size", 64)), device=_device(cfg))
         held["critic_accepted_rate_proxy"] = float(np.mean(s > float(filt["delta"])))
     metrics = {
-        "iteration": k, "generator": generator, "next_model": str(model_dir(cfg.run_dir, k)),
+        "iteration": k, "generator": run_relative(generator, cfg.run_dir),  # paths: relative to run_dir
+        "next_model": run_relative(model_dir(cfg.run_dir, k), cfg.run_dir),
         "n_prompts": int(gen.get("n_prompts", prompts.get("n_prompts", 0))), "n_generations": n_gen,
         "constraint_satisfaction_rate": float(gen.get("constraint_satisfaction_rate", float("nan"))),
         "prompts_per_s": gen.get("prompts_per_s"),

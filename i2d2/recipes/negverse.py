@@ -15,16 +15,14 @@ import time
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from i2d2.io import fingerprint, read_jsonl, run_stage, write_json, write_jsonl, write_text
+from i2d2.lightning_setup import plain as _c  # config node -> plain dicts/lists
+from i2d2.io import fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, write_jsonl, \
+    write_text
 from i2d2.tracking import Tracker, build_logger
 
 log = logging.getLogger(__name__)
-
-
-def _c(node) -> dict:
-    return OmegaConf.to_container(node, resolve=True)
 
 
 def data_stage(cfg, nlp, out_dir: Path) -> dict:
@@ -51,6 +49,7 @@ def data_stage(cfg, nlp, out_dir: Path) -> dict:
 def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from i2d2.lightning_setup import build_trainer, full_weights, resume_checkpoint
     from i2d2.models import load_causal_lm
     from i2d2.negverse.model import NegVerseLM
     from trainers.negverse import NegVerseModule, make_loader
@@ -71,22 +70,25 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     ckpt_dir = out_dir / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=1,
                            every_n_train_steps=int(tr.checkpoint_every))
-    trainer = hydra.utils.instantiate(
-        cfg.trainer, max_steps=max_steps, max_epochs=int(tr.epochs) if max_steps <= 0 else -1,
-        callbacks=[ckpt], logger=logger if logger is not None else False, default_root_dir=str(out_dir),
+    trainer = build_trainer(
+        cfg.trainer, micro_batch=int(tr.batch_size), max_steps=max_steps,
+        max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ckpt],
+        logger=logger if logger is not None else False, default_root_dir=str(out_dir),
         limit_val_batches=int(tr.val_batches), num_sanity_val_steps=0)
-    last = ckpt_dir / "last.ckpt"
     t0 = time.time()
-    trainer.fit(module, train_dl, ckpt_path=str(last) if last.exists() else None)
+    trainer.fit(module, train_dl, ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))
     fit_s = time.time() - t0
     val_loss = None
     if val_dl is not None:
         val_loss = float(trainer.validate(module, val_dl, verbose=False)[0]["val/loss"])
-    lm.save(out_dir / "adapter", cfg.model.name, extra={"task": _c(t)})
+    with full_weights(trainer, module):  # ZeRO-3: every rank joins the gather; rank 0 writes the adapter
+        if trainer.is_global_zero:
+            lm.save(out_dir / "adapter", cfg.model.name, extra={"task": _c(t)})
     summary = {"steps": int(trainer.global_step), "fit_s": fit_s, "val_loss": val_loss,
                "train_loss_first10": _mean(module.loss_history[:10]), "train_loss_last10": _mean(module.loss_history[-10:]),
                "steps_this_session": len(module.loss_history),
-               "n_train_examples": len(train), "skipped_too_long": skipped, "adapter": str(out_dir / "adapter")}
+               "n_train_examples": len(train), "skipped_too_long": skipped,
+               "adapter": run_relative(out_dir / "adapter", cfg.run_dir)}  # recorded relative to run_dir
     write_json(out_dir / "summary.json", summary)
     return summary
 
@@ -122,7 +124,8 @@ def eval_stage(cfg, nlp, adapter: Path, out_dir: Path, tracker: Tracker) -> dict
 
 def _negate_opts(t) -> dict:
     return {"rules": list(t.masking.rules), "max_blanks": int(t.masking.max_blanks),
-            "max_variants": int(t.masking.max_variants), **_c(t.filters)}
+            "max_variants": int(t.masking.max_variants), "min_two_blank": int(t.masking.get("min_two_blank", 1)),
+            **_c(t.filters)}
 
 
 def samples_markdown(kept: list[dict], sentences: list[str], per_sentence: int = 4) -> str:
@@ -146,20 +149,20 @@ def samples_markdown(kept: list[dict], sentences: list[str], per_sentence: int =
 def run(cfg: DictConfig) -> dict:
     from i2d2.models import load_spacy
     from i2d2.negverse.data import DATA_DIR
+    from i2d2.negverse.rules import AFFIXAL_PAIRS
 
     run_dir = Path(cfg.run_dir)
     logger = build_logger(cfg.logger)
     nlp = load_spacy(cfg.task.spacy)
     d = cfg.data
-    files = [Path(d.pairs or DATA_DIR / "pairs.tsv"), Path(d.affirmatives or DATA_DIR / "affirmatives.txt"),
-             Path(__file__).resolve().parent.parent.parent / "conf" / "negverse" / "affixal_pairs.tsv"]
+    files = [Path(d.pairs or DATA_DIR / "pairs.tsv"), Path(d.affirmatives or DATA_DIR / "affirmatives.txt"), AFFIXAL_PAIRS]
     fp_data = fingerprint(*files, _c(cfg.data), _c(cfg.task.masking), float(cfg.task.train.val_fraction),
                           int(cfg.seed), "negverse-data-v2")
     data_dir = run_dir / "data"
     data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
     log.info("negverse data: %s", data_stats)
 
-    fp_train = fingerprint(fp_data, cfg.model.name, _c(cfg.task.prompt), _c(cfg.task.train), "negverse-train-v1")
+    fp_train = fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), _c(cfg.task.train), "negverse-train-v1")
     train_dir = run_dir / "train"
     train_summary = run_stage(train_dir, fp_train, lambda out: train_stage(cfg, data_dir, out, logger), "negverse-train")
     log.info("negverse training: %s", train_summary)
@@ -167,7 +170,7 @@ def run(cfg: DictConfig) -> dict:
     eval_file = Path(d.eval_sentences or DATA_DIR / "eval_sentences.txt")
     fp_eval = fingerprint(fp_train, eval_file, Path(cfg.task.cue_lexicon), _c(cfg.task.generate),
                           _c(cfg.task.filters), _c(cfg.task.masking), int(cfg.seed),
-                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v1")
+                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v2")
     eval_dir = run_dir / "eval"
     tracker = Tracker(logger, eval_dir)
     metrics = run_stage(eval_dir, fp_eval, lambda out: eval_stage(cfg, nlp, train_dir / "adapter", out, tracker),

@@ -1,0 +1,64 @@
+"""Mean ± std of CMP zero-shot results over runs that differ only in ``seed`` (each seed draws its own
+unseen-entity split and its own pre-training data order).
+
+    for s in 0 1 2; do python -m i2d2.train task=cmp seed=$s run_dir=runs/cmp_s$s; done
+    python -m i2d2.cmp.aggregate runs/cmp_s0 runs/cmp_s1 runs/cmp_s2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from i2d2.io import DataError
+
+
+def load_reports(run_dirs) -> list[dict]:
+    reports = []
+    for d in run_dirs:
+        path = Path(d) / "report.json"
+        if not path.exists():
+            raise DataError(f"{path}: no CMP report (has the run finished?)")
+        reports.append(json.loads(path.read_text()))
+    return reports
+
+
+def zero_shot_table(reports: list[dict]) -> dict:
+    """{model: {metric: (mean, std, n_runs)}} for EM and F1 of every zero-shot candidate."""
+    models = [m for m in reports[0]["zero_shot"] if all(m in r["zero_shot"] for r in reports)]
+    out = {}
+    for m in models:
+        out[m] = {}
+        for metric in ("em", "f1"):
+            v = np.array([r["zero_shot"][m][metric] for r in reports], dtype=float)
+            out[m][metric] = (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v))
+    return out
+
+
+def markdown(reports: list[dict]) -> str:
+    seeds = [r.get("seed") for r in reports]
+    sizes = [r["splits"] for r in reports]
+    n_test = [r["zero_shot"][next(iter(r["zero_shot"]))]["n"] for r in reports]
+    lines = [f"Zero-shot synthetic comparative QA on unseen entities, seeds {seeds}: "
+             f"train quintuples {[s['train'] for s in sizes]}, test quintuples {[s['test'] for s in sizes]} "
+             f"({[s['entities']['test'] for s in sizes]} unseen test entities), QA items scored {n_test}.",
+             "", "| model | EM (mean ± std) | F1 (mean ± std) | runs |", "|---|---|---|---|"]
+    for m, v in zero_shot_table(reports).items():
+        answers = {r["zero_shot"][m].get("answer") for r in reports} - {None}
+        name = f"{m} ({'/'.join(map(repr, sorted(answers)))})" if answers else m
+        lines.append(f"| {name} | {v['em'][0]:.2f} ± {v['em'][1]:.2f} | {v['f1'][0]:.2f} ± {v['f1'][1]:.2f} "
+                     f"| {v['em'][2]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dirs", nargs="+")
+    print(markdown(load_reports(ap.parse_args(argv).run_dirs)), end="")
+
+
+if __name__ == "__main__":
+    main()

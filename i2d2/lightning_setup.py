@@ -1,0 +1,291 @@
+"""One place that turns a ``trainer`` config into a Lightning Trainer, and the training helpers every fit shares.
+
+``build_trainer`` is the only trainer factory: the generator fine-tuning (trainers/lm_finetune.py), the critic
+(critics/train.py), CMP pre-training and few-shot runs and NegVerse prompt tuning all go through it, so a
+``trainer=...`` option behaves the same everywhere:
+
+* the strategy receives plain containers (``_convert_="all"``): DeepSpeed asserts its config is a ``dict``;
+* a DeepSpeed JSON (conf/deepspeed/zero*.json) gets a numeric micro-batch (the caller's batch size where the
+  JSON says ``"auto"``), the bf16 / fp16 section the trainer precision implies (a contradicting section is an
+  error naming the file), and the trainer's ``gradient_clip_val`` as ``gradient_clipping`` (DeepSpeed clips);
+* ``bf16`` falls back to fp16 mixed precision on a GPU without bf16.
+
+Also here: ``resolve_device`` (inference device from ``trainer.accelerator``), ``adamw_param_groups`` (the one
+no-decay rule), ``resume_checkpoint`` (DeepSpeed checkpoints are directories) and ``full_weights`` (ZeRO-3
+parameters gathered before ``save_pretrained``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# What a missing trainer config means (critic training called without one): Lightning's own defaults, one device.
+DEFAULT_TRAINER = {"_target_": "lightning.Trainer", "accelerator": "auto", "devices": 1}
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+def plain(node: Any) -> Any:
+    """A config node (DictConfig, ListConfig, or dicts/lists holding them) as resolved plain dicts and lists."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping):
+        return {k: plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [plain(v) for v in node]
+    return node
+
+
+# ----------------------------------------------------------------------------- reading a trainer config
+
+def strategy_name(trainer_cfg: Mapping) -> str:
+    s = trainer_cfg.get("strategy", "auto")
+    if isinstance(s, Mapping):
+        return str(s.get("_target_", "")).rsplit(".", 1)[-1]
+    return str(s)
+
+
+def is_deepspeed(trainer_cfg: Mapping) -> bool:
+    return "deepspeed" in strategy_name(trainer_cfg).lower()
+
+
+def check_trainer_cfg(trainer_cfg: Mapping, where: str = "trainer") -> None:
+    """Fail early, naming the field, for trainer settings this machine cannot run."""
+    accel = str(trainer_cfg.get("accelerator", "auto"))
+    if is_deepspeed(trainer_cfg) and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{where}.strategy is DeepSpeed ({strategy_name(trainer_cfg)}), which needs a CUDA GPU, and none is "
+            "available here. Use trainer=cpu (or trainer=ddp for several CPU processes), or run on a GPU machine.")
+    if accel in GPU_ACCELERATORS and not torch.cuda.is_available():
+        raise RuntimeError(f"{where}.accelerator={accel} but no CUDA GPU is available; use trainer=cpu or trainer=ddp.")
+
+
+def resolve_precision(trainer_cfg: Mapping) -> str:
+    """bf16 where the hardware has it: bf16 requested on a GPU without bf16 falls back to fp16 mixed."""
+    p = str(trainer_cfg.get("precision", "32-true"))
+    if "bf16" in p and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        log.warning("precision %s requested but this GPU has no bf16; using 16-mixed", p)
+        return "16-mixed"
+    return p
+
+
+def world_size_of(trainer_cfg: Mapping) -> int:
+    """Processes the trainer config asks for (devices x nodes; ``auto`` counts the visible GPUs)."""
+    devices = trainer_cfg.get("devices", 1)
+    if isinstance(devices, int):
+        n = devices
+    elif isinstance(devices, (list, tuple)):
+        n = len(devices)
+    elif str(devices).isdigit():
+        n = int(devices)
+    elif str(devices) in ("auto", "-1"):
+        n = max(1, torch.cuda.device_count()) if str(trainer_cfg.get("accelerator")) in ("gpu", "cuda", "auto") else 1
+    else:
+        n = len(str(devices).split(","))
+    return max(1, n) * int(trainer_cfg.get("num_nodes", 1) or 1)
+
+
+def resolve_device(trainer_cfg: Mapping | None) -> str:
+    """The torch device inference (generation, scoring, probes) runs on, as ``trainer.accelerator`` says:
+    ``cpu`` stays on the CPU even where CUDA is present; ``gpu``/``cuda``/``auto`` take CUDA when there is one
+    (this rank's GPU in a multi-process run); ``mps`` the Apple GPU."""
+    accel = str(plain(trainer_cfg or {}).get("accelerator", "auto"))
+    if accel == "cpu":
+        return "cpu"
+    if accel == "mps":
+        return "mps"
+    if accel not in ("auto", *GPU_ACCELERATORS):
+        raise ValueError(f"trainer.accelerator={accel!r}: inference supports cpu, gpu, cuda, mps and auto")
+    if not torch.cuda.is_available():
+        if accel in GPU_ACCELERATORS:
+            raise RuntimeError(f"trainer.accelerator={accel} but no CUDA GPU is available; use trainer=cpu.")
+        return "cpu"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cuda"
+
+
+# ----------------------------------------------------------------------------- DeepSpeed
+
+PRECISION_SECTIONS = ("bf16", "fp16")
+
+
+def _precision_section(precision: str) -> str | None:
+    """The DeepSpeed section a Lightning precision flag needs (None: fp32, neither section enabled)."""
+    if precision.startswith("bf16"):
+        return "bf16"
+    if precision.startswith("16"):
+        return "fp16"
+    return None
+
+
+def deepspeed_config(config: Any, precision: str, micro_batch: int | None, gradient_clip_val: float | None = None,
+                     where: str = "trainer.strategy.config") -> dict:
+    """The DeepSpeed config dict a strategy gets: the JSON file (or dict) ``config`` with a numeric
+    ``train_micro_batch_size_per_gpu`` (``micro_batch`` where the JSON says ``"auto"`` or nothing), the precision
+    section of ``precision`` enabled, and gradient clipping from the trainer where the JSON sets none."""
+    source = where
+    if isinstance(config, (str, os.PathLike)):
+        path = Path(config)
+        source = f"{where} ({path})"
+        if not path.is_file():
+            raise FileNotFoundError(f"{where}: DeepSpeed config {path} not found")
+        try:
+            config = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    conf = plain(config or {})
+    if not isinstance(conf, dict):
+        raise TypeError(f"{where}: a DeepSpeed config must be a JSON object or a path to one, got {type(conf).__name__}")
+
+    micro = conf.get("train_micro_batch_size_per_gpu", "auto")
+    if micro == "auto":
+        if micro_batch is None:
+            raise ValueError(f"{source}: train_micro_batch_size_per_gpu is 'auto' but this fit names no batch size; "
+                             "set a number in the JSON")
+        micro = micro_batch
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"{source}: train_micro_batch_size_per_gpu must be a positive integer or 'auto', got {micro!r}")
+    conf["train_micro_batch_size_per_gpu"] = micro
+
+    want = _precision_section(precision)
+    for section in PRECISION_SECTIONS:
+        enabled = bool((conf.get(section) or {}).get("enabled", False))
+        if enabled and section != want:
+            raise ValueError(f"{source}: '{section}' is enabled but trainer.precision={precision}; delete the "
+                             f"'{section}' section (the trainer precision sets it) or change trainer.precision")
+        if section == want:
+            conf[section] = {**(conf.get(section) or {}), "enabled": True}
+        else:
+            conf[section] = {"enabled": False}
+
+    if "gradient_clipping" not in conf and gradient_clip_val:
+        conf["gradient_clipping"] = float(gradient_clip_val)
+    return conf
+
+
+def uses_deepspeed(trainer) -> bool:
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    return isinstance(trainer.strategy, DeepSpeedStrategy)
+
+
+def zero_stage(trainer) -> int:
+    """The ZeRO stage of a trainer's strategy (0 when it is not DeepSpeed)."""
+    if not uses_deepspeed(trainer):
+        return 0
+    return int((trainer.strategy.config or {}).get("zero_optimization", {}).get("stage", 0))
+
+
+@contextmanager
+def full_weights(trainer, module: torch.nn.Module, modifier_rank: int | None = None) -> Iterator[None]:
+    """Inside the block every parameter of ``module`` holds its full tensor, also under ZeRO-3 (which keeps one
+    shard per rank): what ``save_pretrained`` needs. ``modifier_rank``: the rank whose in-block changes (e.g. a
+    ``load_state_dict``) are kept on every rank; None: read only. Under ZeRO-3 a collective: every rank enters."""
+    if zero_stage(trainer) != 3:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=modifier_rank):
+        yield
+
+
+def is_deepspeed_checkpoint(path: Path) -> bool:
+    """DeepSpeed writes a checkpoint as a directory (one shard per rank); the ``latest`` tag file comes last."""
+    return path.is_dir() and (path / "latest").is_file()
+
+
+def resume_checkpoint(path: str | os.PathLike, trainer) -> str | None:
+    """The checkpoint (``ckpt_path``) from which ``trainer`` resumes a killed fit, or None to start afresh.
+
+    DeepSpeed checkpoints are directories, other strategies' single files; one written by the other kind of
+    strategy cannot be resumed (the optimizer state is laid out differently) and is an error naming it."""
+    from i2d2.checkpoints import pick_resume
+
+    path, deepspeed = Path(path), uses_deepspeed(trainer)
+    if not path.exists():
+        return None if deepspeed else pick_resume(path)  # a kill between a save's renames leaves <path>.prev
+    if path.is_dir():
+        if not deepspeed:
+            raise ValueError(f"{path} is a DeepSpeed checkpoint but this trainer is not DeepSpeed: resume with the "
+                             "trainer that wrote it, or delete it to start this fit afresh")
+        if not is_deepspeed_checkpoint(path):
+            log.warning("%s is an incomplete DeepSpeed checkpoint (no 'latest' file): starting afresh", path)
+            return None
+        return str(path)
+    if deepspeed:
+        raise ValueError(f"{path} is a single-file checkpoint of a non-DeepSpeed run: resume with the trainer that "
+                         "wrote it, or delete it to start this DeepSpeed fit afresh")
+    return pick_resume(path)  # size/hash checked: a damaged newest checkpoint falls back to the previous one
+
+
+def checkpoint_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The LightningModule state dict in a checkpoint: a file (read weights-only, ``i2d2.io.load_state_dict``)
+    or a DeepSpeed directory (its ZeRO shards merged into full fp32 tensors by DeepSpeed's own reader)."""
+    from i2d2.io import load_state_dict
+
+    path = Path(path)
+    if not path.is_dir():
+        return load_state_dict(path)
+    if not is_deepspeed_checkpoint(path):
+        raise FileNotFoundError(f"{path} is a directory but not a complete DeepSpeed checkpoint (no 'latest' file)")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(str(path))
+    prefix = "_forward_module."  # checkpoints of Lightning < 2.1 name the wrapper
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+# ----------------------------------------------------------------------------- the factory
+
+def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: str = "trainer", **overrides):
+    """A ``lightning.Trainer`` from a ``trainer`` config (conf/trainer/*.yaml; None: ``DEFAULT_TRAINER``).
+
+    ``micro_batch``: the per-device batch size of this fit (fills a DeepSpeed ``"auto"`` micro-batch).
+    ``overrides``: Trainer arguments of this fit (max_steps, callbacks, logger, ...); ``precision``,
+    ``gradient_clip_val`` and ``accumulate_grad_batches`` given here replace the config's before the DeepSpeed
+    config is derived from them.
+    """
+    import hydra
+
+    tc = plain(trainer_cfg) if trainer_cfg is not None else dict(DEFAULT_TRAINER)
+    if not isinstance(tc, dict) or "_target_" not in tc:
+        raise ValueError(f"{where}: a trainer config needs _target_ (e.g. lightning.Trainer), got {tc!r}")
+    for key in ("precision", "gradient_clip_val", "accumulate_grad_batches"):
+        if key in overrides:
+            tc[key] = overrides.pop(key)
+    check_trainer_cfg(tc, where)
+    tc["precision"] = resolve_precision(tc)
+    if is_deepspeed(tc):
+        strategy = dict(tc["strategy"])
+        strategy["config"] = deepspeed_config(strategy.get("config"), tc["precision"], micro_batch,
+                                              tc.pop("gradient_clip_val", None), f"{where}.strategy.config")
+        tc["strategy"] = strategy
+    if not is_deepspeed(tc) and "plugins" not in overrides and not tc.get("plugins"):
+        from i2d2.checkpoints import VerifiedCheckpointIO
+
+        overrides["plugins"] = [VerifiedCheckpointIO()]  # atomic saves with integrity records (i2d2/checkpoints.py)
+    return hydra.utils.instantiate(tc, _convert_="all", **overrides)
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+def adamw_param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float, **group_opts) -> list[dict]:
+    """AdamW parameter groups with the one no-decay rule: weight decay on matrices (projections, embeddings),
+    none on vectors and scalars (biases, norm gains), whatever a model calls them. Frozen parameters are left
+    out; ``group_opts`` (e.g. ``lr``) go into both groups; empty groups are dropped."""
+    trainable = [p for p in params if p.requires_grad]
+    groups = [{"params": [p for p in trainable if p.ndim >= 2], "weight_decay": float(weight_decay), **group_opts},
+              {"params": [p for p in trainable if p.ndim < 2], "weight_decay": 0.0, **group_opts}]
+    return [g for g in groups if g["params"]]

@@ -1,0 +1,93 @@
+"""Measure the parse-based grammaticality filter on the recipe's held-out sentences.
+
+    python -m i2d2.negverse.grammar_eval --adapter runs/negverse/train/adapter --out-dir /tmp [key=value ...]
+
+Composes ``task=negverse`` (its held-out sentences ``data.eval_sentences`` and its generate / masking /
+filter settings; Hydra overrides after the options), generates the candidates once, and filters them
+twice: every filter but the grammaticality check ("before"), then with it ("after"). Prints the keep
+rates and the grammar filter's drop reasons, and writes ``negverse_judge_before.jsonl`` and
+``negverse_judge_after.jsonl`` (``{"id", "statement", "source"}``: a seeded sample of kept negations and
+the sentence each came from) for a person to judge, plus ``negverse_grammar_dropped.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+
+def judge_rows(rows: list[dict], n: int, prefix: str, seed: int = 0) -> list[dict]:
+    """A seeded sample of ``n`` kept rows as {"id", "statement", "source"} records."""
+    picked = random.Random(seed).sample(rows, min(n, len(rows)))
+    return [{"id": f"{prefix}-{i:03d}", "statement": r["negation"], "source": r["original"]}
+            for i, r in enumerate(picked)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m i2d2.negverse.grammar_eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--adapter", type=Path, required=True)
+    p.add_argument("--out-dir", type=Path, default=Path("."))
+    p.add_argument("--n-judge", type=int, default=40)
+    p.add_argument("--max-sentences", type=int, default=None, help="first N held-out sentences only (CPU time)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of task=negverse, e.g. task.generate.num_candidates=4")
+    args = p.parse_args(argv)
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from i2d2 import config
+    from i2d2.io import write_jsonl
+    from i2d2.models import load_spacy
+    from i2d2.negverse.cues import CueDetector
+    from i2d2.negverse.data import read_sentences, resolve
+    from i2d2.negverse.filters import apply_filters, filter_grammar
+    from i2d2.negverse.model import NegVerseLM
+    from i2d2.negverse.pipeline import candidates
+
+    with initialize_config_dir(config_dir=str(config.CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["task=negverse", *args.overrides])
+    t = cfg.task
+    gen = OmegaConf.to_container(t.generate, resolve=True)
+    filt = OmegaConf.to_container(t.filters, resolve=True)
+    sentences = read_sentences(resolve(cfg.data.eval_sentences, "eval_sentences.txt"))[: args.max_sentences]
+    nlp = load_spacy(t.spacy)
+    lm = NegVerseLM.load(args.adapter)
+    detector = CueDetector(nlp, lexicon=t.cue_lexicon)
+    t0 = time.time()
+    rows = candidates(lm, nlp, sentences, rules=list(t.masking.rules), max_blanks=int(t.masking.max_blanks),
+                      max_variants=int(t.masking.max_variants), min_two_blank=int(t.masking.min_two_blank),
+                      seed=int(cfg.seed), **gen)
+    gen_s = time.time() - t0
+    before, _, counts = apply_filters(rows, detector, max_distance=filt["max_distance"],
+                                      max_len_ratio=filt["max_len_ratio"], require_cue=filt["require_cue"],
+                                      grammar=False)
+    after, dropped = filter_grammar([dict(r) for r in before], nlp)
+    reasons: dict[str, int] = {}
+    for r in dropped:
+        reasons[r["drop_reason"]] = reasons.get(r["drop_reason"], 0) + 1
+    n = len(rows)
+    stats = {"n_sentences": len(sentences), "n_candidates": n,
+             "n_two_blank_candidates": sum(r["n_blanks"] == 2 for r in rows),
+             "n_kept_before_grammar": len(before), "n_kept_after_grammar": len(after),
+             "keep_rate_before": len(before) / n if n else None, "keep_rate_after": len(after) / n if n else None,
+             "grammar_drop_share_of_kept": len(dropped) / len(before) if before else None,
+             "sentences_with_negation_before": len({r["original"] for r in before}),
+             "sentences_with_negation_after": len({r["original"] for r in after}),
+             "grammar_drop_reasons": reasons, "other_drop_reasons": counts, "generation_s": round(gen_s, 1),
+             "settings": {**gen, "max_variants": int(t.masking.max_variants),
+                          "min_two_blank": int(t.masking.min_two_blank), **filt}}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    write_jsonl(args.out_dir / "negverse_judge_before.jsonl", judge_rows(before, args.n_judge, "before"))
+    write_jsonl(args.out_dir / "negverse_judge_after.jsonl", judge_rows(after, args.n_judge, "after"))
+    write_jsonl(args.out_dir / "negverse_grammar_dropped.jsonl",
+                [{"statement": r["negation"], "source": r["original"], "reason": r["drop_reason"]} for r in dropped])
+    print(json.dumps(stats, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""NegVerse: the parse-based grammaticality filter, two-blank variants, undefined metrics, and the negate
+CLI's input errors and adapter-saved settings (no LM needed)."""
+
+import json
+
+import pytest
+
+from i2d2.models import load_spacy
+from i2d2.negverse.filters import filter_grammar, grammar_reason
+from i2d2.negverse.masking import BLANK, mask_variants
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return load_spacy("packaged:spacy-sm")
+
+
+GRAMMATICAL = ["There is no bakery.", "There is not a bakery.", "Nobody liked the movie.", "The shop is not open.",
+               "The shop is never open.", "She has none of the books.", "None of the students passed.",
+               "He went nowhere.", "I saw nothing.", "The cat did not sleep.", "No, he left.",
+               "He no longer works here.", "Nothing happened.", "I have no idea.", "She chose not to go.",
+               "The dog barked at nobody.", "They had nothing to eat.", "There was nothing special about it.",
+               "He was none too happy.", "Not all birds can fly.", "They have not finished the report.",
+               "No one called me.", "The children did not play in the park."]
+UNGRAMMATICAL = {"There is a bakery none.": "cue_with_determiner",
+                 "He ate the cake nothing.": "cue_with_determiner",
+                 "The store sells none bread.": "cue_as_modifier",
+                 "The house is none big.": "cue_as_adverb",
+                 "The cat not slept.": "not_without_auxiliary",
+                 "The not cat slept.": "not_as_poss",
+                 "The meeting no was long.": "misplaced_no",
+                 "The train arrived no on time.": "misplaced_no",
+                 "The room was clean none.": "cue_extra_argument",
+                 "The child was happy at school none.": "cue_extra_argument"}
+
+
+@pytest.mark.parametrize("sentence", GRAMMATICAL)
+def test_grammar_check_passes_well_placed_cues(nlp, sentence):
+    assert grammar_reason(nlp(sentence)) is None
+
+
+@pytest.mark.parametrize("sentence,why", UNGRAMMATICAL.items())
+def test_grammar_check_rejects_cues_the_parse_misplaces(nlp, sentence, why):
+    assert grammar_reason(nlp(sentence)) == why
+
+
+def test_grammar_filter_checks_only_the_new_cues(nlp):
+    # the original's own 'not' is not the candidate's doing: only the cue at the given index is judged
+    doc = nlp("The cat not slept and nobody came.")
+    assert grammar_reason(doc, [5]) is None and grammar_reason(doc) == "not_without_auxiliary"
+    rows = [{"original": "There is a bakery.", "negation": "There is a bakery none."},
+            {"original": "There is a bakery.", "negation": "There is no bakery."}]
+    kept, dropped = filter_grammar(rows, nlp)
+    assert [r["negation"] for r in kept] == ["There is no bakery."]
+    assert dropped[0]["drop_reason"] == "ungrammatical:cue_with_determiner"
+
+
+def test_six_variants_keep_a_two_blank_slot_where_the_parse_allows(nlp):
+    for text in ("The old man smiled at a small child in the park.", "The shop sells fresh bread every morning.",
+                 "My brother always eats breakfast at home."):
+        vs = mask_variants(nlp(text), max_blanks=2, max_variants=6)
+        assert len(vs) == 6 and vs[0].rules == ["sentence"]
+        assert any(v.text.count(BLANK) == 2 for v in vs), [v.text for v in vs]
+        assert len({v.text for v in vs}) == 6
+    # without the reservation the whole sentence and single blanks take every slot
+    vs = mask_variants(nlp("The old man smiled at a small child in the park."), max_variants=6, min_two_blank=0)
+    assert all(v.text.count(BLANK) == 1 for v in vs)
+    # a sentence with no two disjoint spans of different rules gets single blanks only
+    short = mask_variants(nlp("Dogs bark."), max_variants=6)
+    assert all(v.text.count(BLANK) == 1 for v in short)
+
+
+def test_undefined_negation_metrics_are_null(nlp):
+    from i2d2.negverse.metrics import negation_metrics
+
+    empty = negation_metrics([], nlp)
+    assert empty["n"] == 0 and empty["self_bleu_per_sentence"] is None and empty["levenshtein_similarity"] is None
+    one_each = [{"original": "The child was happy.", "negation": "The child was not happy.", "negation_type": "verbal"},
+                {"original": "The sky is blue.", "negation": "The sky is not blue.", "negation_type": "verbal"}]
+    m = negation_metrics(one_each, nlp)
+    assert m["self_bleu_per_sentence"] is None  # no sentence has two negations
+    assert m["self_bleu_corpus"] is not None and m["n"] == 2
+    assert negation_metrics(one_each[:1], nlp)["self_bleu_corpus"] is None
+    assert json.loads(json.dumps(m))["self_bleu_per_sentence"] is None  # null in JSON, never 0.0
+
+
+# ----------------------------------------------------------------------------- negate CLI
+
+def test_negate_empty_or_unreadable_input_is_an_error_naming_the_file(tmp_path, capsys):
+    from i2d2.negate import main
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n# only a comment\n\n")
+    assert main(["--file", str(empty), "--adapter", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "empty.txt: no sentences in it" in err
+    assert main(["--file", str(tmp_path / "missing.txt")]) == 2
+    assert "missing.txt: cannot read it" in capsys.readouterr().err
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    assert main(["--file", str(binary)]) == 2
+    assert "bin.txt: cannot read it" in capsys.readouterr().err
+    assert main(["   "]) == 2 and "blank" in capsys.readouterr().err
+
+
+def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, capsys):
+    from i2d2.negate import main, negation_options, parse_args
+    from i2d2.negverse.pipeline import DEFAULTS
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    task = {"generate": {"num_candidates": 2, "batch_size": 16, "top_p": 0.8},
+            "masking": {"max_variants": 4, "max_blanks": 2, "train_max_variants": 4},
+            "filters": {"max_distance": 0.4, "grammar": True}}
+    (adapter / "negverse.json").write_text(json.dumps({"base_model": "tiny:gpt2", "task": task}))
+    opts, source = negation_options(parse_args(["x", "--adapter", str(adapter)]))
+    assert (opts["num_candidates"], opts["max_variants"], opts["max_distance"], opts["top_p"]) == (2, 4, 0.4, 0.8)
+    assert source["num_candidates"] == "adapter" and "train_max_variants" not in opts
+    assert opts["temperature"] == DEFAULTS["temperature"] and source["temperature"] == "default"
+    opts, source = negation_options(parse_args(["x", "--adapter", str(adapter), "-n", "5", "--max-variants", "6",
+                                                "--no-grammar-filter"]))
+    assert (opts["num_candidates"], opts["max_variants"], opts["grammar"]) == (5, 6, False)
+    assert source["num_candidates"] == "command line"
+    assert main(["x", "--adapter", str(tmp_path / "not_an_adapter")]) == 2
+    assert "not a NegVerse adapter" in capsys.readouterr().err
