@@ -10,7 +10,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from i2d2.config import CONF_DIR, setup_run
-from i2d2.io import read_jsonl
+from i2d2.io import read_jsonl, read_table
 from i2d2.models import tiny_model
 from i2d2.recipes import generics
 from i2d2.recipes.generics import ConfigError, MissingIterationError, run
@@ -92,7 +92,7 @@ def test_two_iterations_chain_models_and_report(baseline):
         assert f"iteration: {k}" in (it / "config.yaml").read_text()
         assert r["n_generations"] == 6 * 3 and 0 <= r["constraint_satisfaction_rate"] <= 1
         assert r["accepted_rate"] == pytest.approx(
-            sum(s["critic_score"] > r["delta"] for s in read_jsonl(it / "filtered" / "scores.jsonl")) / 18)
+            sum(s["critic_score"] > r["delta"] for s in read_table(it / "filtered" / "scores")) / 18)
         assert r["n_kept"] == len(read_jsonl(it / "filtered" / "kept.jsonl")) > 0
         assert 0 <= r["self_bleu_kept"] <= 1 and r["unique_estimate"] > 0 and 0 < r["critic_ap"] <= 1
     # every critic number in the report is the test split's; δ is the dev split's
@@ -128,7 +128,7 @@ def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypat
     run(make_cfg(run_dir, "iteration=1"))
     assert (it / "model" / "model.safetensors").stat().st_mtime_ns == model_mtime
     # a changed filter threshold redoes the filter and the fine-tuning, not the generation
-    scores = sorted(x["critic_score"] for x in read_jsonl(it / "filtered" / "scores.jsonl"))
+    scores = sorted(x["critic_score"] for x in read_table(it / "filtered" / "scores"))
     delta = round(scores[len(scores) // 2] - 1e-6, 7)  # keeps about half
     r = run(make_cfg(run_dir, "iteration=1", f"task.filter.delta={delta}"))[0]
     assert (it / "generations" / "generations.jsonl").stat().st_mtime_ns == gen_mtime
@@ -229,7 +229,7 @@ def test_missing_previous_iteration_and_bad_config(tmp_path):
         "task.critic.refresh=sometimes": "task.critic.refresh",
         "task.filter.delta=1.5": "task.filter.delta",
         "+task.max_promts=3": "unknown key",
-        "decoding.num_return=9": "decoding.num_return",
+        "decoding.beam_size=0": "decoding.beam_size",
         "iteration=-1": "iteration",
         "trainer=deepspeed_stage2": "DeepSpeed.*needs a CUDA GPU",
     }
