@@ -13,13 +13,22 @@ ordered pair) and ``scorer.matrix(texts) -> (C, E)``, the ``n x n`` matrices ove
   ``scales``) — and scores two statements as contradicting (1.0) when they put the subject at opposite
   ends of a shared attribute and as entailing (1.0) when they agree on one; otherwise 0 for both.
 
-``load_contradiction_scorer(name)``: ``offline`` (default) or a classifier name.
+* ``CrossEncoderScorer``: the offline graded default (``scorer: cross_encoder``). A small sequence-pair
+  classifier (``packaged:minilm`` by default) that the framework trains itself (``train_cross_encoder``) on
+  contradiction / entailment / neutral pairs built BY RULE from its own comparative statements and the
+  attribute scales (``rule_pairs``). These training pairs are rule-built augmentation, not human judgements;
+  the scorer's outputs are softmax probabilities, so the paper's thresholds apply to them.
+
+``load_contradiction_scorer(name)``: ``cross_encoder``, ``offline`` (the lexicon rule, 0/1) or a classifier name.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import re
+import shutil
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -165,9 +174,275 @@ class ComparativeDirectionScorer(PairwiseScorer):
         return opposite.astype(float), (same & ~opposite).astype(float)
 
 
-def load_contradiction_scorer(name: str = "offline", **kwargs) -> PairwiseScorer:
-    """``offline`` -> ComparativeDirectionScorer(scales=..., comparatives=...); else NLIScorer(name, ...)."""
-    if name in (None, "", "offline", "comparative-direction"):
+# ----------------------------------------------------------------------------- rule-built training pairs
+# Augmentation, not judgements: every pair below is made by editing one statement with the attribute
+# scales (conf/wordlists/comparatives.yaml), and its label is the edit's, not a person's.
+
+LABELS = ("contradiction", "entailment", "neutral")
+HEDGES = ("typically", "often", "generally", "normally", "usually")  # interchangeable: the claim stays
+FRAMES = ("are generally", "are typically", "tend to be", "are often", "can be")  # predicative templates
+PREFIX = re.compile(r"^(Compared to [^,]+,\s*.+?)\s+(?:are|have|need|may|can|would|is|has|needs|tend|often|"
+                    r"typically|generally|normally|always)\b")
+PREDICATIVE = re.compile(r"\b(?:are|is|be)\s+(?:\w+\s+)?$")  # "are (generally) <phrase>": an adjective slot
+
+
+class PairBuilder:
+    """Builds (premise, hypothesis, label) pairs from single comparatives by scale edits (see module doc)."""
+
+    def __init__(self, scorer: ComparativeDirectionScorer, seed: int = 0):
+        self.scorer, self.rng = scorer, random.Random(seed)
+        self.poles: dict[tuple[str, int], list[str]] = {}
+        for phrase, senses in scorer.lexicon.items():
+            if len({sc for sc, _ in senses}) == 1 and phrase not in scorer.quantifiers:  # 'lighter' etc.: ambiguous
+                self.poles.setdefault(senses[0], []).append(phrase)
+        self.scales = sorted({sc for sc, _ in self.poles})
+
+    def _phrase(self, text: str, start: int):
+        """The first attribute phrase after ``start``: (match, scale, sign) with scale None for 'more/less X'."""
+        for m in self.scorer.pattern.finditer(text.lower(), start):
+            phrase = m.group(1)
+            senses = self.scorer.lexicon.get(phrase)
+            if senses:
+                if len({sc for sc, _ in senses}) == 1 and phrase not in self.scorer.quantifiers:
+                    return m, senses[0][0], senses[0][1]
+                continue
+            first, _, rest = phrase.partition(" ")
+            if first in self.scorer.quantifiers and rest and rest not in FUNCTION_WORDS:
+                return m, None, self.scorer.quantifiers[first]
+        return None
+
+    def _other_scale_phrase(self, exclude: str | None) -> str:
+        scale = self.rng.choice([sc for sc in self.scales if sc != exclude])
+        return self.rng.choice(self.poles[(scale, self.rng.choice([1, -1]))] if (scale, -1) in self.poles
+                               else self.poles[(scale, 1)])
+
+    def pairs(self, text: str, prefix: str | None = None) -> list[tuple[str, str, str]]:
+        """Rule-built pairs with ``text`` as premise (and, for symmetric labels, as hypothesis)."""
+        rng = self.rng
+        prefix = prefix or (PREFIX.match(text).group(1) if PREFIX.match(text) else None)
+        start = len(prefix) if prefix and text.startswith(prefix) else 0  # entity names are not attributes
+        found = self._phrase(text, start)
+        out: list[tuple[str, str, str]] = []
+        hedge = next((h for h in HEDGES if re.search(rf"\b{h}\b", text)), None)
+        if hedge:  # a hedge swap keeps the claim
+            out.append((text, re.sub(rf"\b{hedge}\b", rng.choice([h for h in HEDGES if h != hedge]), text, 1),
+                        "entailment"))
+        if found is None:
+            return out + [(b, a, lab) for a, b, lab in out]
+        m, scale, sign = found
+        a, b = m.span(1)
+        swap = lambda new: text[:a] + new + text[b:]  # noqa: E731
+        phrase = m.group(1)
+        if scale is None:  # 'more care' <-> 'less care'
+            first, _, rest = phrase.partition(" ")
+            out.append((text, swap(("less " if first == "more" else "more ") + rest), "contradiction"))
+        else:
+            opposite = self.poles.get((scale, -sign))
+            if opposite:
+                out.append((text, swap(rng.choice(opposite)), "contradiction"))
+            synonyms = [p for p in self.poles[(scale, sign)] if p != phrase]
+            if synonyms:
+                out.append((text, swap(rng.choice(synonyms)), "entailment"))
+            if PREDICATIVE.search(text[:a]):  # an adjective slot: another scale's word keeps the grammar
+                out.append((text, swap(self._other_scale_phrase(scale)), "neutral"))
+        symmetric = [(h, p, lab) for p, h, lab in out]  # contradiction, neutral and these entailments are symmetric
+        if prefix:  # the same claim / its opposite / another attribute, in a template's words
+            frame = lambda w: f"{prefix} {rng.choice(FRAMES)} {w}."  # noqa: E731
+            for _ in range(2):  # neutral is the rarest edit otherwise
+                out.append((text, frame(self._other_scale_phrase(scale)), "neutral"))
+            if scale is not None and PREDICATIVE.search(text[:a]):
+                if (scale, -sign) in self.poles:
+                    out.append((text, frame(rng.choice(self.poles[(scale, -sign)])), "contradiction"))
+                out.append((text, frame(rng.choice(self.poles[(scale, sign)])), "entailment"))
+        return out + symmetric
+
+
+def rule_pairs(statements: Sequence[dict], scorer: ComparativeDirectionScorer, seed: int = 0) -> list[dict]:
+    """Rule-built (augmentation) pairs from ``statements`` (dicts with ``statement``, optional ``prompt`` and
+    ``concept``), de-duplicated and shuffled; each row says ``source: rule``."""
+    builder, seen, rows = PairBuilder(scorer, seed), set(), []
+    for st in statements:
+        for p, h, lab in builder.pairs(st["statement"], st.get("prompt")):
+            if p != h and (p, h) not in seen:
+                seen.add((p, h))
+                rows.append({"premise": p, "hypothesis": h, "label": lab, "concept": st.get("concept", ""),
+                             "source": "rule"})
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the cross-encoder
+
+CROSS_ENCODER_DEFAULTS = dict(name="packaged:minilm", dir=None, statements=None, lr=3e-5, weight_decay=0.01,
+                              batch_size=16, max_length=64, max_epochs=1, max_steps=-1, val_fraction=0.1, seed=0)
+META = "contradiction_meta.json"
+
+
+def cross_encoder_config(cfg) -> dict:
+    cfg = dict(cfg or {})
+    unknown = sorted(set(cfg) - set(CROSS_ENCODER_DEFAULTS))
+    if unknown:
+        raise ValueError(f"task.filters.contradiction.cross_encoder: unknown key(s) {unknown}; "
+                         f"known: {sorted(CROSS_ENCODER_DEFAULTS)}")
+    return {**CROSS_ENCODER_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k in ("dir", "statements")}}
+
+
+def source_statements(paths: Sequence[str | Path] | None) -> list[dict]:
+    """Comparatives to build training pairs from: jsonl rows with a ``statement`` (bundled Gemma set when None).
+    Rows labelled ``Invalid`` (cut off / incoherent) are left out."""
+    from i2d2.io import read_jsonl
+
+    if not paths:
+        paths = [Path(__file__).resolve().parent.parent / "i2d2" / "data" / "comparatives" / "annotations_gemma.jsonl"]
+    rows = []
+    for path in paths:
+        for n, row in enumerate(read_jsonl(Path(path)), 1):
+            if not isinstance(row.get("statement"), str) or not row["statement"].strip():
+                raise ValueError(f"{path}:{n}: key 'statement' missing or empty (cross-encoder training statements)")
+            if str(row.get("label", "")).lower() != "invalid":
+                rows.append(row)
+    return rows
+
+
+class PairClassifierModule:
+    """Lightning module factory kept lazy so that importing this file does not import Lightning."""
+
+    @staticmethod
+    def build(name: str, lr: float, weight_decay: float):
+        import lightning as L
+        import torch
+
+        from i2d2.lightning_setup import adamw_param_groups
+        from i2d2.models import load_classifier
+
+        class _Module(L.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.model, self.tokenizer = load_classifier(name, num_labels=len(LABELS))
+                self.model.train()
+                self.model.config.id2label = dict(enumerate(LABELS))
+                self.model.config.label2id = {lab: i for i, lab in enumerate(LABELS)}
+
+            def forward(self, batch):
+                return self.model(**batch)
+
+            def training_step(self, batch, _):
+                loss = self(batch).loss
+                self.log("train/loss", loss, prog_bar=True, batch_size=len(batch["labels"]))
+                return loss
+
+            def validation_step(self, batch, _):
+                out = self(batch)
+                acc = (out.logits.argmax(-1) == batch["labels"]).float().mean()
+                self.log("val/loss", out.loss, batch_size=len(batch["labels"]))
+                self.log("val/acc", acc, prog_bar=True, batch_size=len(batch["labels"]))
+
+            def configure_optimizers(self):
+                return torch.optim.AdamW(adamw_param_groups(self.parameters(), weight_decay, lr=lr))
+
+        return _Module()
+
+
+def _loader(rows, tok, max_length: int, batch_size: int, shuffle: bool):
+    import torch
+    from torch.utils.data import DataLoader
+
+    def collate(batch):
+        enc = tok([r["premise"] for r in batch], [r["hypothesis"] for r in batch], return_tensors="pt",
+                  padding=True, truncation=True, max_length=max_length)
+        enc["labels"] = torch.tensor([LABELS.index(r["label"]) for r in batch])
+        return dict(enc)
+
+    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, collate_fn=collate)
+
+
+def cross_encoder_dir(cfg: dict, scorer: ComparativeDirectionScorer) -> Path:
+    """``cfg['dir']``, or a cache folder named by everything the model depends on (data, scales, settings)."""
+    from i2d2.io import fingerprint
+    from i2d2.models import cache_dir
+
+    if cfg["dir"]:
+        return Path(cfg["dir"])
+    sources = [Path(p) for p in (cfg["statements"] or [])] or ["bundled"]
+    lexicon = {phrase: sorted(senses) for phrase, senses in sorted(scorer.lexicon.items())}
+    fp = fingerprint({k: v for k, v in cfg.items() if k != "dir"}, *sources, lexicon, scorer.pattern.pattern,
+                     "rule-pairs-v1")
+    return cache_dir() / "contradiction" / fp[:16]
+
+
+def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -> Path:
+    """Train (or find, or resume) the cross-encoder; returns its folder (save_pretrained + META).
+
+    A finished folder is reused; a killed fit resumes from ``<dir>.work/checkpoints/last.ckpt``."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from sklearn.model_selection import GroupShuffleSplit
+
+    from i2d2.io import atomic_dir, write_json, write_jsonl
+    from i2d2.lightning_setup import build_trainer, resume_checkpoint
+
+    cfg = cross_encoder_config(cfg)
+    scorer = ComparativeDirectionScorer(scales, comparatives)
+    out = cross_encoder_dir(cfg, scorer)
+    if (out / META).exists():
+        return out
+    work = out.with_name(out.name + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    rows = rule_pairs(source_statements(cfg["statements"]), scorer, int(cfg["seed"]))
+    if len(rows) < 10:
+        raise ValueError(f"cross-encoder: only {len(rows)} rule-built pairs from {cfg['statements'] or 'bundled'}; "
+                         "give more comparative statements (task.filters.contradiction.cross_encoder.statements)")
+    write_jsonl(work / "rule_pairs.jsonl", rows)
+    # no entity pair on both sides, so val/acc is measured on pairs about unseen entities
+    groups = [r["concept"] or r["premise"] for r in rows]
+    train_idx, val_idx = next(GroupShuffleSplit(1, test_size=float(cfg["val_fraction"]), random_state=int(
+        cfg["seed"])).split(rows, groups=groups))
+    L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
+    module = PairClassifierModule.build(cfg["name"], float(cfg["lr"]), float(cfg["weight_decay"]))
+    tok = module.tokenizer
+    tok.padding_side = "right"
+    train = _loader([rows[i] for i in train_idx], tok, int(cfg["max_length"]), int(cfg["batch_size"]), True)
+    val = _loader([rows[i] for i in val_idx], tok, int(cfg["max_length"]), 64, False)
+    last = ModelCheckpoint(dirpath=work / "checkpoints", filename="last", save_top_k=1, enable_version_counter=False)
+    trainer = build_trainer(trainer_cfg, micro_batch=int(cfg["batch_size"]), where="cross-encoder trainer",
+                            max_epochs=int(cfg["max_epochs"]), max_steps=int(cfg["max_steps"]), callbacks=[last],
+                            logger=False, default_root_dir=str(work), enable_checkpointing=True,
+                            enable_progress_bar=False, enable_model_summary=False)
+    resume = resume_checkpoint(work / "checkpoints" / "last.ckpt", trainer)
+    trainer.fit(module, train, val, ckpt_path=resume)
+    val_acc = trainer.callback_metrics.get("val/acc")
+    if not trainer.is_global_zero:  # one process writes the folder (ddp)
+        return out
+    with atomic_dir(out) as tmp:
+        module.model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_json(tmp / META, {
+            "name": cfg["name"], "labels": list(LABELS), "n_pairs": len(rows), "n_train": len(train_idx),
+            "n_val": len(val_idx), "val_acc": None if val_acc is None else float(val_acc),
+            "steps": int(trainer.global_step), "config": cfg,
+            "training_pairs": "rule-built augmentation (scale edits of single statements), not human judgements"})
+    write_jsonl(out / "rule_pairs.jsonl", rows)
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+class CrossEncoderScorer(NLIScorer):
+    """The framework's own cross-encoder (``train_cross_encoder``) read as an NLI model from its folder."""
+
+    def __init__(self, model_dir: str | Path, **kwargs):
+        super().__init__(str(model_dir), **kwargs)
+
+
+def load_contradiction_scorer(name: str = "cross_encoder", **kwargs) -> PairwiseScorer:
+    """``cross_encoder`` -> the trained cross-encoder (trained first if needed; ``cross_encoder=`` its config,
+    ``trainer_cfg=``); ``offline`` -> ComparativeDirectionScorer; anything else -> NLIScorer(name)."""
+    nli_keys = {k: v for k, v in kwargs.items() if k in ("batch_size", "max_length", "device")}
+    if name in ("offline", "comparative-direction"):
         return ComparativeDirectionScorer(kwargs.get("scales"), kwargs.get("comparatives"))
-    nli_keys = {k: v for k, v in kwargs.items() if k in ("batch_size", "max_length", "label_indices", "device")}
-    return NLIScorer(name, **nli_keys)
+    if name in (None, "", "cross_encoder"):
+        ce = cross_encoder_config(kwargs.get("cross_encoder"))
+        folder = train_cross_encoder(ce, kwargs.get("scales"), kwargs.get("comparatives"), kwargs.get("trainer_cfg"))
+        return CrossEncoderScorer(folder, max_length=int(ce["max_length"]),
+                                  **{k: v for k, v in nli_keys.items() if k != "max_length"})
+    return NLIScorer(name, label_indices=kwargs.get("label_indices"), **nli_keys)

@@ -48,7 +48,7 @@ DEFAULTS = dict(
     target_recall=0.8, target_precision=0.9, delta=None, monitor="val/p_at_r", label_map=None,
     on_error="raise", min_agreement=0.5, min_examples=20, keep_checkpoints=False,
     perplexity_batch_size=16, perplexity_per="word", probes=True, probe_warn_shift=0.1, complete_only=False,
-    canonicalize=False,
+    canonicalize=False, ckpt_every_n_steps=50,
 )
 
 
@@ -75,10 +75,12 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     import lightning as L
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
+    import torch
     from torch.utils.data import DataLoader
 
     from callbacks.pr_curve import PRCurveCallback
     from critics.critic import CriticModule
+    from i2d2.resume import EpochProgress, ResumeState, resumable_loader
 
     L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
     module = CriticModule(name=cfg["name"], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
@@ -87,16 +89,25 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     tok = module.tokenizer
     tok.padding_side = "right"
     collate = Collator(tok, int(cfg["max_length"]))
-    train = DataLoader(StatementDataset([texts[i] for i in train_idx], [ys[i] for i in train_idx]),
-                       batch_size=int(cfg["batch_size"]), shuffle=True, collate_fn=collate)
+    # exact resume (i2d2/resume.py): batch order fixed by (seed, epoch), position and RNG state in last.ckpt;
+    # the validation loader gets its own generator so that iterating it never draws from the global RNG
+    progress = EpochProgress()
+    train = resumable_loader(StatementDataset([texts[i] for i in train_idx], [ys[i] for i in train_idx]),
+                             int(cfg["batch_size"]), progress=progress, seed=int(cfg["seed"]), collate_fn=collate)
     val = DataLoader(StatementDataset([texts[i] for i in val_idx], [ys[i] for i in val_idx]),
-                     batch_size=int(cfg["eval_batch_size"]), shuffle=False, collate_fn=collate)
+                     batch_size=int(cfg["eval_batch_size"]), shuffle=False, collate_fn=collate,
+                     generator=torch.Generator().manual_seed(int(cfg["seed"])))
     ckpt_dir = out_dir / "checkpoints"
-    # best weights by the monitored metric, and the full state of the latest epoch to resume a killed run
+    # best weights by the monitored metric, and the full state every ckpt_every_n_steps steps to resume a killed run
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=cfg["monitor"], mode="max", save_top_k=1,
                            save_weights_only=True, enable_version_counter=False)
-    last_ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
-    callbacks = [ckpt, last_ckpt, PRCurveCallback(out_dir / "epochs", prefix="critic_val", name="critic")]
+    # two writers of last.ckpt: Lightning's step trigger excludes its epoch trigger, and the epoch-end one holds
+    # the validation / early-stopping state of the finished epoch
+    last_epoch = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
+    last_step = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False,
+                                every_n_train_steps=max(1, int(cfg["ckpt_every_n_steps"])))
+    callbacks = [ckpt, last_epoch, last_step, ResumeState(progress),
+                 PRCurveCallback(out_dir / "epochs", prefix="critic_val", name="critic")]
     if cfg["patience"]:
         callbacks.append(EarlyStopping(monitor=cfg["monitor"], mode="max", patience=int(cfg["patience"])))
     logger = tracker.logger if tracker is not None and tracker.logger is not None else CSVLogger(out_dir, name="logs")

@@ -1,7 +1,7 @@
 """Annotation round-trip from the command line.
 
     python -m i2d2.annotate export --input runs/i2d2/iter_0/filtered/kept.jsonl \
-        --input runs/i2d2/iter_0/filtered/dropped.jsonl --out runs/i2d2/iter_0/to_label.csv --k 4 \
+        --input runs/i2d2/iter_0/filtered/dropped --out runs/i2d2/iter_0/to_label.csv --k 4 \
         --store runs/i2d2/annotations/labels.jsonl
     python -m i2d2.annotate import --input to_label_done.csv --store runs/i2d2/annotations/labels.jsonl
 
@@ -27,8 +27,18 @@ import argparse
 import logging
 import sys
 
+from pathlib import Path
+
 from i2d2.annotation import export_blind, export_for_annotation, heldout_accuracy, import_annotations, import_blind
-from i2d2.io import DataError, read_jsonl
+from i2d2.io import DataError, read_jsonl, read_table
+
+
+def _read_rows(path: str):
+    """Rows of a JSONL file, or of a stage table folder (``filtered/kept``, ``filtered/dropped``), streamed."""
+    if not Path(path).is_dir():
+        return read_jsonl(path)
+    return (row for batch in read_table(path).iter(batch_size=10_000)
+            for row in (dict(zip(batch, vals)) for vals in zip(*batch.values())))
 
 
 def main(argv=None) -> int:
@@ -36,7 +46,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     ex = sub.add_parser("export", help="write a sample of statements to label (CSV or JSONL by suffix)")
-    ex.add_argument("--input", action="append", help="JSONL rows (repeatable)")
+    ex.add_argument("--input", action="append", help="JSONL rows or a stage table folder (Arrow; repeatable)")
     ex.add_argument("--blind", action="store_true", help="blind sample of every iteration's held-out generations")
     ex.add_argument("--run-dir", help="with --blind: the run directory")
     ex.add_argument("--n", type=int, default=40, help="with --blind: statements per iteration")
@@ -67,7 +77,7 @@ def main(argv=None) -> int:
         elif args.cmd == "export":
             if not args.input:
                 ap.error("export needs --input (or --blind --run-dir)")
-            rows = [r for p in args.input for r in read_jsonl(p)]
+            rows = [r for p in args.input for r in _read_rows(p)]
             exclude = [r["statement"] for r in read_jsonl(args.store)] if args.store else []
             out = export_for_annotation(rows, args.out, args.k, args.text_key, args.concept_key, args.score_key,
                                         seed=args.seed, exclude=exclude)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from i2d2.io import write_json, write_jsonl
+from i2d2.io import write_json
 
 _NON_WORD = re.compile(r"[^\w]+", re.UNICODE)
 
@@ -81,12 +81,16 @@ def threshold_filter(rows: Sequence[dict], scores, delta: float) -> tuple[list[d
     return kept, dropped
 
 
-def write_filtered(out_dir: str | Path, kept: Sequence[dict], dropped: Sequence[dict], delta: float | None = None,
-                   tracker=None) -> dict:
-    """Write ``kept.jsonl`` / ``dropped.jsonl`` (atomically) and ``summary.json``; return the summary."""
+def write_filtered(out_dir: str | Path, kept, dropped, delta: float | None = None, tracker=None) -> dict:
+    """Write the ``kept/`` and ``dropped/`` tables (Arrow, atomically), ``kept.jsonl`` (the kept set, readable) and
+    ``summary.json``; return the summary. ``kept``/``dropped``: ``datasets.Dataset`` or lists of dicts."""
+    from i2d2.io import export_jsonl, save_table
+
     out_dir = Path(out_dir)
-    write_jsonl(out_dir / "kept.jsonl", kept)
-    write_jsonl(out_dir / "dropped.jsonl", dropped)
+    kept, dropped = _as_dataset(kept), _as_dataset(dropped)
+    save_table(out_dir / "kept", kept)
+    save_table(out_dir / "dropped", dropped)
+    export_jsonl(out_dir / "kept.jsonl", kept)
     n = len(kept) + len(dropped)
     summary = {"n_in": n, "n_kept": len(kept), "n_dropped": len(dropped),
                "keep_rate": len(kept) / n if n else 0.0, "delta": delta}
@@ -94,6 +98,15 @@ def write_filtered(out_dir: str | Path, kept: Sequence[dict], dropped: Sequence[
     if tracker is not None:
         tracker.log_metrics({f"filter/{k}": v for k, v in summary.items() if v is not None})
     return summary
+
+
+def _as_dataset(rows):
+    import datasets
+    import pyarrow as pa
+
+    from i2d2.io import _nulls_as_strings
+
+    return rows if isinstance(rows, datasets.Dataset) else datasets.Dataset(_nulls_as_strings(pa.Table.from_pylist(list(rows))))
 
 
 def filter_and_write(rows: Sequence[dict], scores, delta: float, out_dir: str | Path, tracker=None) -> dict:

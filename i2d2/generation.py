@@ -4,8 +4,9 @@ Prompts are cut into shards of ``shard_size`` in file order; shard ``i`` belongs
 so under DDP the ranks decode disjoint shard sets whose union is the whole prompt file. A finished shard is
 one file, ``shard-00000.jsonl``, written atomically; a restarted run with the same inputs skips the shards it
 finds and so ends with exactly the rows an uninterrupted run writes. When all shards exist, rank 0 (or,
-without torch.distributed, whichever call finds them all) concatenates them into ``generations.jsonl`` in
-prompt order.
+without torch.distributed, whichever call finds them all) concatenates them in prompt order into the stage
+table ``table/`` (Arrow shards, one per decoding shard, memory-mapped by ``read_generations``) and into
+``generations.jsonl``, its human-readable export.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ import functools
 import json
 import logging
 import math
+import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from i2d2.io import DataError, atomic_path, fingerprint, read_jsonl, write_json, write_jsonl, write_text
+from i2d2.io import DataError, atomic_dir, atomic_path, fingerprint, read_jsonl, read_table, write_arrow, write_json, \
+    write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
 FINGERPRINT_FILE = "_generation_fingerprint.txt"
-UNION = "generations.jsonl"
+UNION = "generations.jsonl"  # human-readable export
+TABLE = "table"  # the stage table (Arrow): what the next stages read
 ROW_FIELDS = ["prompt_id", "prompt", "generation", "score", "logprob", "num_tokens", "satisfied", "all_satisfied",
               "matched", "rank_in_prompt", "constraint_names"]
 
@@ -102,6 +106,8 @@ def _check_fingerprint(out_dir: Path, fp: str, may_clean: bool) -> None:
                  len(stale), out_dir)
     for f in stale + [out_dir / UNION, out_dir / "generation_summary.json"]:
         f.unlink(missing_ok=True)
+    if (out_dir / TABLE).is_dir():
+        shutil.rmtree(out_dir / TABLE)
     write_text(marker, fp + "\n")
 
 
@@ -190,18 +196,23 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     writer = rank == 0 or not use_barrier
     sample_every = max(1, len(prompts) // max(1, sample_rows))
     position = {pid: k for k, pid in enumerate(ids)}
-    with _maybe_union(out_dir, complete and writer) as union:
+    with _maybe_union(out_dir, complete and writer) as (union, table):
         for i in counted:
             with open(shard_path(out_dir, i)) as f:
+                shard_rows = []
                 for line in f:
                     if union is not None:
                         union.write(line)
                     row = json.loads(line)
+                    if table is not None:
+                        shard_rows.append(row)
                     n_gen += 1
                     n_sat += bool(row["all_satisfied"])
                     if row["rank_in_prompt"] == 0 and position[row["prompt_id"]] % sample_every == 0 \
                             and len(samples) < sample_rows:
                         samples.append(row)
+            if table is not None and shard_rows:
+                write_arrow(table / f"shard-{i:05d}.arrow", shard_rows)
     metas = [shard_path(out_dir, i).with_suffix(".meta.json") for i in counted]
     metas = [json.loads(m.read_text()) for m in metas if m.exists()]
     dec_seconds = sum(m["seconds"] for m in metas)
@@ -227,17 +238,26 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
 
 @contextmanager
 def _maybe_union(out_dir: Path, enabled: bool):
-    """An open file that becomes generations.jsonl atomically on success, or None."""
+    """(an open file that becomes generations.jsonl, a folder that becomes the table), both atomically on
+    success, or (None, None)."""
     if not enabled:
-        yield None
+        yield None, None
         return
-    with atomic_path(out_dir / UNION) as tmp, open(tmp, "w") as f:
-        yield f
+    with atomic_dir(out_dir / TABLE) as table, atomic_path(out_dir / UNION) as tmp, open(tmp, "w") as f:
+        yield f, table
+
+
+def generations_table(out_dir: Path):
+    """The stage table of a finished generation stage, memory-mapped (a ``datasets.Dataset``)."""
+    return read_table(Path(out_dir) / TABLE, columns=["prompt_id", "generation"])
 
 
 def read_generations(out_dir: Path) -> list[dict]:
-    """The union file of a finished generation stage."""
-    return read_jsonl(Path(out_dir) / UNION, required=("prompt_id", "generation"))
+    """The rows of a finished generation stage as dicts (small tables: held-out sets, comparatives)."""
+    out_dir = Path(out_dir)
+    if not (out_dir / TABLE).is_dir():  # a stage written before the Arrow table
+        return read_jsonl(out_dir / UNION, required=("prompt_id", "generation"))
+    return generations_table(out_dir).to_list()
 
 
-__all__ = ["generate_stage", "shard_indices", "shard_path", "read_generations", "ROW_FIELDS"]
+__all__ = ["generate_stage", "shard_indices", "shard_path", "read_generations", "generations_table", "ROW_FIELDS"]

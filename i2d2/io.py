@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from i2d2.faults import fault_point
+
 log = logging.getLogger(__name__)
 
 
@@ -91,6 +93,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise _cannot_write(path, e) from None
     try:
         yield tmp
+        fault_point(f"write:{path.name}")  # tests/faults: a kill with the new content complete, not yet in place
         os.replace(tmp, path)
     except OSError as e:
         if not _is_write_error(e, tmp, path):
@@ -116,6 +119,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise _cannot_write(path, e) from None
     try:
         yield tmp
+        fault_point(f"write:{path.name}/")
         old = None
         if path.exists():
             old = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.old"
@@ -277,8 +281,11 @@ STARTED = "_STARTED.json"
 
 
 def stage_done(out_dir: str | os.PathLike, fp: str) -> dict | None:
-    """The summary a finished stage left in ``out_dir``, if it finished with the same fingerprint."""
-    marker = Path(out_dir) / DONE
+    """The summary a finished stage left in ``out_dir``, if it finished with the same fingerprint and the files
+    it wrote are still those recorded in its marker (size and SHA-256 at ``mark_done`` time). Damaged or missing
+    outputs (a truncated table, a half-copied folder) make the whole stage folder be removed and redone."""
+    out_dir = Path(out_dir)
+    marker = out_dir / DONE
     try:
         info = json.loads(marker.read_text())
     except FileNotFoundError:
@@ -286,11 +293,47 @@ def stage_done(out_dir: str | os.PathLike, fp: str) -> dict | None:
     except ValueError:
         log.warning("%s is damaged (not JSON): the stage will be redone", marker)
         return None
-    return info.get("summary", {}) if isinstance(info, dict) and info.get("fingerprint") == fp else None
+    if not (isinstance(info, dict) and info.get("fingerprint") == fp):
+        return None
+    damaged = _changed_outputs(out_dir, info.get("outputs") or {})
+    if damaged:
+        log.warning("stage output %s changed since the stage finished (%s): removing %s to redo the stage",
+                    out_dir / damaged[0][0], damaged[0][1], out_dir)
+        shutil.rmtree(out_dir)
+        return None
+    return info.get("summary", {})
+
+
+LOG_FOLDERS = {"logs", "lightning_logs", "wandb"}
+
+
+def _output_files(out_dir: Path) -> Iterator[tuple[str, Path]]:
+    for p in sorted(out_dir.rglob("*")):
+        rel = p.relative_to(out_dir)
+        # not markers / temp files (_*, .*), nor logger folders a tracker may still append to after the stage
+        if p.is_file() and not any(part.startswith((".", "_")) or part in LOG_FOLDERS for part in rel.parts):
+            yield rel.as_posix(), p
+
+
+def _changed_outputs(out_dir: Path, recorded: dict) -> list[tuple[str, str]]:
+    changed = []
+    for rel, want in recorded.items():
+        p = out_dir / rel
+        if not p.is_file():
+            changed.append((rel, "missing"))
+        elif p.stat().st_size != want["size"]:
+            changed.append((rel, f"{p.stat().st_size} bytes, {want['size']} recorded"))
+        elif file_digest(p) != want["sha256"]:
+            changed.append((rel, "content differs from the SHA-256 recorded"))
+    return changed
 
 
 def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None) -> None:
-    write_json(Path(out_dir) / DONE, {"fingerprint": fp, "summary": summary or {}})
+    """The _DONE marker: fingerprint, summary, and size + SHA-256 of every file the stage wrote (checked by
+    ``stage_done`` before a finished stage is reused)."""
+    out_dir = Path(out_dir)
+    outputs = {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for rel, p in _output_files(out_dir)}
+    write_json(out_dir / DONE, {"fingerprint": fp, "summary": summary or {}, "outputs": outputs})
 
 
 def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | None], name: str = "",
@@ -309,7 +352,9 @@ def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | N
         log.info("stage %s: already finished in %s, skipping", name or out_dir.name, out_dir)
         return done
     prepare_stage(out_dir, fp, name, outputs)
+    fault_point(f"stage:{name or out_dir.name}")
     summary = fn(out_dir) or {}
+    fault_point(f"done:{name or out_dir.name}")
     mark_done(out_dir, fp, summary)
     return summary
 
@@ -339,8 +384,20 @@ def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str 
             log.info("stage %s: removing %s before running (a previous result, not current until the stage "
                      "finishes)", name or out_dir.name, extra)
             shutil.rmtree(extra) if extra.is_dir() and not extra.is_symlink() else extra.unlink()
+    _remove_leftover_temps(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / STARTED, {"fingerprint": fp})
+
+
+def _remove_leftover_temps(out_dir: Path, name: str = "") -> None:
+    """Temporary files and folders of atomic writes a killed process left behind (``.<name>.<pid>.<id>.tmp``,
+    ``.<name>.<id>.old``): one writer per run_dir (RunLock), so at a stage's start none is in use."""
+    if not out_dir.is_dir():
+        return
+    for p in sorted(out_dir.rglob(".*.tmp")) + sorted(out_dir.rglob(".*.old")):
+        if p.exists():
+            log.info("stage %s: removing %s left by a killed write", name or out_dir.name, p)
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 # ----------------------------------------------------------------------------- one writer per run_dir
@@ -482,3 +539,71 @@ def in_run(stored: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
     """A path a run recorded with ``run_relative``, as a path to open: relative ones are under ``run_dir``."""
     stored = Path(stored)
     return stored if stored.is_absolute() else Path(run_dir) / stored
+
+
+# ----------------------------------------------------------------------------- stage tables (Arrow)
+# A stage table is a folder of Arrow IPC-stream files (the format ``datasets`` memory-maps): either a
+# ``save_to_disk`` folder or ``shard-*.arrow`` files written one at a time. Reading never loads rows into Python.
+
+def _nulls_as_strings(table):
+    """Columns that are all null in this piece (a provenance field no prompt set, an empty ``matched`` list) get
+    the string type, so that pieces written separately concatenate into one schema."""
+    import pyarrow as pa
+
+    def fix(t):
+        if pa.types.is_null(t):
+            return pa.string()
+        if pa.types.is_list(t) and pa.types.is_null(t.value_type):
+            return pa.list_(pa.string())
+        return t
+
+    return table.cast(pa.schema([pa.field(f.name, fix(f.type)) for f in table.schema]))
+
+
+def write_arrow(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """One table shard: ``rows`` as an Arrow IPC-stream file, written atomically."""
+    import pyarrow as pa
+
+    table = _nulls_as_strings(pa.Table.from_pylist(rows))
+    with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table, max_chunksize=1000)
+    return Path(path)
+
+
+def save_table(path: str | os.PathLike, table, max_shard_size: str = "500MB") -> Path:
+    """A ``datasets.Dataset`` (or a pyarrow Table) saved with ``save_to_disk`` into a folder replaced atomically."""
+    import datasets
+
+    ds = table if isinstance(table, datasets.Dataset) else datasets.Dataset(_nulls_as_strings(table))
+    with atomic_dir(path) as tmp:
+        ds.save_to_disk(str(tmp), max_shard_size=max_shard_size)
+    return Path(path)
+
+
+def read_table(path: str | os.PathLike, columns: list[str] | None = None):
+    """A stage table as a memory-mapped ``datasets.Dataset`` (rows stay on disk until asked for)."""
+    import datasets
+
+    path = Path(path)
+    if (path / "state.json").exists():
+        ds = datasets.load_from_disk(str(path))
+    else:
+        shards = sorted(path.glob("shard-*.arrow"))
+        if not shards:
+            raise DataError(f"{path}: not a stage table (no state.json, no shard-*.arrow files)")
+        ds = datasets.concatenate_datasets([datasets.Dataset.from_file(str(p)) for p in shards])
+    if columns is not None:
+        missing = sorted(set(columns) - set(ds.column_names))
+        if missing:
+            raise DataError(f"{path}: table lacks column(s) {missing}; has {ds.column_names}")
+    return ds
+
+
+def export_jsonl(path: str | os.PathLike, ds, batch_size: int = 10_000) -> Path:
+    """A table as human-readable JSONL (atomically), streamed in batches."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        for batch in ds.iter(batch_size=batch_size):
+            cols = list(batch)
+            for vals in zip(*(batch[c] for c in cols)):
+                f.write(json.dumps(dict(zip(cols, vals)), ensure_ascii=False, default=_json_default) + "\n")
+    return Path(path)

@@ -276,6 +276,12 @@ def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: st
         from i2d2.checkpoints import VerifiedCheckpointIO
 
         overrides["plugins"] = [VerifiedCheckpointIO()]  # atomic saves with integrity records (i2d2/checkpoints.py)
+    from callbacks.tracking import NamespacedHparams, ProgressLog  # every fit: hparams under a namespace, log lines
+
+    name = where.split()[0] if where != "trainer" else None
+    given = overrides.get("callbacks") or []
+    overrides["callbacks"] = [*(given if isinstance(given, (list, tuple)) else [given]), NamespacedHparams(name),
+                              ProgressLog(name or "fit")]
     return hydra.utils.instantiate(tc, _convert_="all", **overrides)
 
 

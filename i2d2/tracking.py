@@ -1,40 +1,112 @@
 """Experiment tracking for stages that are not Lightning fits (generation, filtering, reports).
 
-Wraps the Lightning logger built from ``cfg.logger`` so that every stage logs to the same W&B run
-(or CSV folder). Tables and images go to W&B as tables/images; with CSV they become files.
+``cfg.logger`` is one Lightning logger config (``_target_``), a list of them, or a dict of named ones
+(``logger=[wandb,csv]`` style); every stage and every fit logs to all of them. The resolved Hydra config goes to
+every logger as hyper-parameters, so a W&B run (or CSV hparams.yaml) holds the decoding and task keys.
+Tables and images go to W&B as tables/images; without W&B they become files. ``log_artifacts: true`` in a
+W&B logger config (opt-in) uploads kept sets and models as W&B artifacts.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+ARTIFACTS_KEY = "log_artifacts"  # ours, not a Lightning logger argument: taken out before instantiation
 
 
-def build_logger(cfg_logger: DictConfig | None):
-    """The Lightning logger ``cfg.logger`` describes, or None for ``logger=none``."""
-    if cfg_logger is None or cfg_logger.get("_target_") is None:
-        return None
-    return hydra.utils.instantiate(cfg_logger)
+def _logger_cfgs(cfg_logger) -> list[dict]:
+    """The logger configs ``cfg.logger`` describes: one (``_target_``), a list, or a dict of named ones."""
+    if cfg_logger is None:
+        return []
+    node = OmegaConf.to_container(cfg_logger, resolve=True) if isinstance(cfg_logger, (DictConfig, ListConfig)) \
+        else cfg_logger
+    if isinstance(node, dict) and "_target_" in node:
+        items = [node]
+    elif isinstance(node, dict):
+        items = list(node.values())
+    elif isinstance(node, list):
+        items = node
+    else:
+        raise ValueError(f"logger: expected a logger config, a list or a dict of them, got {node!r}")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or "_target_" not in item:
+            raise ValueError(f"logger[{i}]: a logger config needs _target_ (or null for none), got {item!r}")
+    return [dict(item) for item in items if item["_target_"] is not None]
+
+
+def build_logger(cfg_logger, config: DictConfig | None = None):
+    """The Lightning logger(s) ``cfg.logger`` describes: None (``logger=none``), one logger, or a list of them
+    (what ``lightning.Trainer(logger=...)`` takes). With ``config`` (the run's Hydra config) its resolved form
+    is logged to every logger as hyper-parameters."""
+    loggers = []
+    for item in _logger_cfgs(cfg_logger):
+        artifacts = bool(item.pop(ARTIFACTS_KEY, False))
+        logger = hydra.utils.instantiate(item)
+        logger._i2d2_artifacts = artifacts
+        loggers.append(logger)
+    if config is not None:
+        log_config(loggers, config)
+    return None if not loggers else loggers[0] if len(loggers) == 1 else loggers
+
+
+def as_list(logger) -> list:
+    return [] if logger is None or logger is False else list(logger) if isinstance(logger, (list, tuple)) else [logger]
+
+
+def flat_config(config: DictConfig) -> dict[str, Any]:
+    """The resolved config as ``{"decoding/beam_size": 3, "task/filter/delta": None, ...}`` (the hydra node
+    excluded): namespaced keys, so that no fit's hyper-parameters overwrite them."""
+    plain = OmegaConf.to_container(config, resolve=True)
+    plain.pop("hydra", None)
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node):
+        if isinstance(node, dict) and node:
+            for k, v in node.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = node
+
+    walk("", plain)
+    return out
+
+
+def log_config(loggers, config: DictConfig) -> None:
+    """Send the run's resolved config to every logger (W&B: the run config; CSV: hparams.yaml)."""
+    flat = flat_config(config)
+    for logger in as_list(loggers):
+        logger.log_hyperparams(flat)
+
+
+def is_wandb(logger) -> bool:
+    return type(logger).__name__ == "WandbLogger"
 
 
 class Tracker:
     def __init__(self, logger=None, out_dir: str | Path | None = None):
-        self.logger = logger
+        self.logger = logger  # what lightning.Trainer(logger=...) takes: None, one logger or a list
+        self.loggers = as_list(logger)
         self.out_dir = Path(out_dir) if out_dir else None
 
     @property
+    def wandb(self):
+        return next((lg for lg in self.loggers if is_wandb(lg)), None)
+
+    @property
     def is_wandb(self) -> bool:
-        return type(self.logger).__name__ == "WandbLogger"
+        return self.wandb is not None
 
     def log_metrics(self, metrics: dict, step: int | None = None) -> None:
-        if self.logger is not None:
-            self.logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+        for logger in self.loggers:
+            logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
     def log_table(self, key: str, columns: list[str], rows: list[list]) -> None:
         if self.is_wandb:
-            self.logger.log_table(key=key, columns=columns, data=rows)
+            self.wandb.log_table(key=key, columns=columns, data=rows)
         elif self.out_dir is not None:
             from i2d2.io import write_csv
 
@@ -42,7 +114,19 @@ class Tracker:
 
     def log_image(self, key: str, path: str | Path) -> None:
         if self.is_wandb:
-            self.logger.log_image(key=key, images=[str(path)])
+            self.wandb.log_image(key=key, images=[str(path)])
+
+    def log_artifact(self, name: str, path: str | Path, kind: str) -> bool:
+        """Upload a file or folder as a W&B artifact when the W&B logger opted in (``log_artifacts: true``)."""
+        logger = self.wandb
+        if logger is None or not getattr(logger, "_i2d2_artifacts", False) or not Path(path).exists():
+            return False
+        import wandb
+
+        art = wandb.Artifact(name, type=kind)
+        (art.add_dir if Path(path).is_dir() else art.add_file)(str(path))
+        logger.experiment.log_artifact(art)
+        return True
 
     def finish(self) -> None:
         if self.is_wandb:

@@ -179,17 +179,18 @@ def test_contradiction_filter_removes_the_minority_direction(wl):
     scorer = ComparativeDirectionScorer(wl.scales, wl.comparatives)
     df = _gens([("a", "are typically cheaper.", -1.0, "are", "typically", "cheaper"),
                 ("a", "are generally less expensive.", -1.1, "are", "generally", "less"),
+                ("a", "are often more affordable.", -1.3, "are", "often", "more"),
                 ("a", "are often more expensive.", -0.5, "are", "often", "more"),
-                ("a", "have fewer moving parts.", -0.9, "have", "typically", "fewer"),
-                ("a", "have more moving parts.", -0.8, "have", "often", "more"),
-                ("a", "are generally faster.", -1.2, "are", "generally", "faster")])
+                ("b", "have fewer moving parts.", -0.9, "have", "typically", "fewer"),
+                ("b", "have more moving parts.", -0.8, "have", "often", "more"),
+                ("b", "are generally faster.", -1.2, "are", "generally", "faster")])
     out = F.contradiction_filter(df, scorer, k=None)
-    # 'more expensive' contradicts two statements that agree with each other -> dropped;
-    # 'fewer' vs 'more moving parts' contradict each other with no support -> both dropped
-    assert sorted(out.index) == [0, 1, 5]
-    assert out.loc[0, "n_agree"] == 1 and out.loc[0, "n_contradict"] == 1
+    # §2.3.3 "contradict others more often than not": 'more expensive' contradicts all 3 others -> dropped;
+    # 'fewer' vs 'more moving parts' contradict 1 of their 2 others each -> both kept
+    assert sorted(out.index) == [0, 1, 2, 4, 5, 6]
+    assert out.loc[0, "n_agree"] == 2 and out.loc[0, "n_contradict"] == 1 and out.loc[0, "n_others"] == 3
     top2 = F.contradiction_filter(df, scorer, k=2)
-    assert sorted(top2.index) == [0, 1]  # the two best S of the survivors
+    assert sorted(top2.index) == [0, 1, 4, 5]  # the two best S of each pair's survivors
 
 
 def test_contradiction_thresholds_and_pairwise_interface(wl):

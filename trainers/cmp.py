@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from i2d2.cmp.data import Quintuple
 from i2d2.cmp.tasks import TASKS, Collator, ExampleBuilder, _seed
 from i2d2.lightning_setup import adamw_param_groups
+from i2d2.resume import EpochProgress, resumable_loader, single_item
 
 
 class MixedTaskBatches(Dataset):
@@ -178,7 +179,13 @@ def per_task_sizes(batch_size: int, tasks: list[str], mix: dict | None = None) -
     return dict(zip(tasks, sizes.tolist()))
 
 
-def train_loader(module: CMPModule, dataset: MixedTaskBatches, num_workers: int = 0) -> DataLoader:
+def train_loader(module: CMPModule, dataset: MixedTaskBatches, num_workers: int = 0,
+                 progress: EpochProgress | None = None) -> DataLoader:
+    """Item i is step i. With ``progress`` (and ``i2d2.resume.ResumeState`` among the callbacks) a resumed fit
+    continues at the step after its checkpoint instead of replaying the epoch from step 0."""
+    if progress is not None:
+        return resumable_loader(dataset, 1, progress=progress, shuffle=False,
+                                collate_fn=single_item(module.collate_train))
     return DataLoader(dataset, batch_size=None, shuffle=False, collate_fn=module.collate_train, num_workers=num_workers)
 
 

@@ -6,7 +6,8 @@ the prompt. Full fine-tuning or LoRA (peft) by config; any Lightning trainer (cp
 
 Resume: checkpoints go to ``<work_dir>/checkpoints`` (``last.ckpt`` every ``ckpt_every_n_steps`` optimizer
 steps). The batch order is a pure function of (seed, epoch, rank), the data loader is *stateful* (Lightning
-saves/restores how many batches of the epoch were consumed) and the RNG state travels in the checkpoint, so a
+saves/restores how many batches of the epoch were consumed) and the RNG state travels in the checkpoint
+(i2d2/resume.py, shared with the critic, CMP and NegVerse trainers), so a
 killed fine-tuning restarted with the same inputs continues from the last checkpoint and ends with the same
 weights as an uninterrupted run.
 """
@@ -18,16 +19,17 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
 from i2d2.io import atomic_dir
 from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
                                   resume_checkpoint, world_size_of)
+from i2d2.resume import EpochProgress, ResumableBatchSampler, ResumeState, resumable_loader  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -98,74 +100,6 @@ class RightPadCollator:
         return {"input_ids": ids, "attention_mask": att, "labels": labels}
 
 
-class ResumableBatchSampler(Sampler[list[int]]):
-    """Batches of indices in an order fixed by (seed, epoch), sharded by rank, that can skip consumed batches.
-
-    Every rank gets the same number of batches (indices are wrapped round to a multiple of the world size,
-    like DistributedSampler), so DDP ranks never wait on each other at the end of an epoch.
-    """
-
-    def __init__(self, n: int, batch_size: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
-        if n <= 0:
-            raise ValueError("nothing to fine-tune on: the kept set is empty")
-        self.n, self.batch_size, self.seed, self.shuffle = n, int(batch_size), int(seed), shuffle
-        self.rank, self.world_size = int(rank), int(world_size)
-        self.epoch = 0
-        self._skip: tuple[int, int] | None = None  # (epoch, batches to skip in that epoch)
-        self.sampler = self  # Lightning calls ``loader.batch_sampler.sampler.set_epoch(epoch)`` every epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def skip(self, epoch: int, batches: int) -> None:
-        self._skip = (int(epoch), int(batches))
-
-    def _indices(self) -> list[int]:
-        if self.shuffle:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
-        else:
-            order = list(range(self.n))
-        per_rank = math.ceil(self.n / self.world_size)
-        order = (order * (1 + per_rank * self.world_size // max(self.n, 1)))[: per_rank * self.world_size]
-        return order[self.rank::self.world_size]
-
-    def __len__(self) -> int:
-        return math.ceil(math.ceil(self.n / self.world_size) / self.batch_size)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        idx = self._indices()
-        batches = [idx[i:i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
-        start = 0
-        if self._skip is not None and self._skip[0] == self.epoch:  # kept until the resumed epoch comes round
-            start = min(self._skip[1], len(batches))
-            self._skip = None
-            log.info("resuming epoch %d after %d finished batches", self.epoch, start)
-        yield from batches[start:]
-
-
-class ResumableLoader(DataLoader):
-    """A DataLoader Lightning treats as stateful: the checkpoint records the epoch and batches consumed."""
-
-    def __init__(self, *args, progress: "_Progress", **kwargs):
-        super().__init__(*args, **kwargs)
-        self._progress = progress
-
-    def state_dict(self) -> dict:
-        return {"epoch": self._progress.epoch, "batches": self._progress.batches}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.batch_sampler.skip(state["epoch"], state["batches"])
-        self._progress.epoch, self._progress.batches = state["epoch"], state["batches"]
-
-
-class _Progress:
-    """Batches whose training step ran in the current epoch (counted by the module, read at checkpoint time)."""
-
-    def __init__(self):
-        self.epoch, self.batches = 0, 0
-
-
 class SelfImitationDataModule(L.LightningDataModule):
     """Kept (prompt, generation) rows -> prompt-masked causal-LM batches."""
 
@@ -178,15 +112,14 @@ class SelfImitationDataModule(L.LightningDataModule):
                          for r in rows]
         if not self.examples:
             raise ValueError("nothing to fine-tune on: the kept set is empty")
-        self.progress = _Progress()
+        self.progress = EpochProgress()
 
     def train_dataloader(self):
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        sampler = ResumableBatchSampler(len(self.examples), self.batch_size, self.seed, self.shuffle, rank, world)
-        return ResumableLoader(LMExamples(self.examples), batch_sampler=sampler,
-                               collate_fn=RightPadCollator(self.tokenizer.pad_token_id), num_workers=0,
-                               generator=torch.Generator().manual_seed(self.seed), progress=self.progress)
+        return resumable_loader(LMExamples(self.examples), self.batch_size, progress=self.progress, seed=self.seed,
+                                shuffle=self.shuffle, collate_fn=RightPadCollator(self.tokenizer.pad_token_id),
+                                rank=rank, world_size=world)
 
 
 # ----------------------------------------------------------------------------- module
@@ -195,10 +128,9 @@ class SelfImitationModule(L.LightningModule):
     """Causal-LM loss on the continuation of each kept generation; full fine-tuning or LoRA."""
 
     def __init__(self, model, lr: float = 5e-5, weight_decay: float = 0.0, warmup_ratio: float = 0.0,
-                 lora: Mapping | None = None, gradient_checkpointing: bool = False, total_steps: int | None = None,
-                 progress: _Progress | None = None):
+                 lora: Mapping | None = None, gradient_checkpointing: bool = False, total_steps: int | None = None):
         super().__init__()
-        self.save_hyperparameters(ignore=["model", "progress"])
+        self.save_hyperparameters(ignore=["model"])
         lora = dict(lora or {})
         self.lora_enabled = bool(lora.get("enabled", False))
         if gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
@@ -207,7 +139,6 @@ class SelfImitationModule(L.LightningModule):
         if self.lora_enabled:
             model = apply_lora(model, lora)
         self.model = model
-        self.progress = progress or _Progress()
 
     def forward(self, **batch):
         return self.model(**batch)
@@ -219,12 +150,9 @@ class SelfImitationModule(L.LightningModule):
 
     def on_train_epoch_start(self):
         self.model.train()
-        if self.progress.epoch != self.current_epoch:
-            self.progress.epoch, self.progress.batches = self.current_epoch, 0
 
     def training_step(self, batch, batch_idx):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-        self.progress.batches += 1
         # optimizer steps so far, as a metric: forked DDP ranks hand metrics (not the step count) back to the main process
         self.log("finetune/step", float(self.global_step + 1), on_step=True, on_epoch=False, reduce_fx="max", batch_size=1)
         n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
@@ -244,18 +172,6 @@ class SelfImitationModule(L.LightningModule):
 
         sched = get_linear_schedule_with_warmup(opt, warmup, total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    # RNG state travels with the checkpoint so that dropout after a resume matches an uninterrupted run.
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["i2d2_rng"] = {"torch": torch.get_rng_state(),
-                                  "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        rng = checkpoint.get("i2d2_rng")
-        if rng:
-            torch.set_rng_state(rng["torch"])
-            if rng.get("cuda") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
 
     def export_model(self):
         """The plain transformers model to save (LoRA adapters merged into the base weights)."""
@@ -283,9 +199,10 @@ def apply_lora(model, lora: Mapping):
 # ----------------------------------------------------------------------------- driver
 
 def finetune_trainer(trainer_cfg: Mapping, cfg: Mapping, work_dir: str | Path, logger=None,
-                     callbacks: Sequence = ()) -> tuple[L.Trainer, ModelCheckpoint]:
+                     callbacks: Sequence = (), progress: EpochProgress | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
     """The Trainer of one fine-tuning (through ``i2d2.lightning_setup.build_trainer``) and its checkpoint callback:
-    ``last.ckpt`` every ``ckpt_every_n_steps`` optimizer steps (a directory under DeepSpeed)."""
+    ``last.ckpt`` every ``ckpt_every_n_steps`` optimizer steps (a directory under DeepSpeed); ``progress``: the
+    data module's, counted by ``ResumeState`` (exact resume, i2d2/resume.py)."""
     ckpt = ModelCheckpoint(dirpath=Path(work_dir) / "checkpoints", filename="step{step}", save_last=True,
                            save_top_k=0, every_n_train_steps=max(1, int(cfg.get("ckpt_every_n_steps", 50))),
                            save_on_train_epoch_end=True, auto_insert_metric_name=False)
@@ -295,7 +212,7 @@ def finetune_trainer(trainer_cfg: Mapping, cfg: Mapping, work_dir: str | Path, l
                             accumulate_grad_batches=int(accumulate), default_root_dir=str(work_dir),
                             use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
                             enable_model_summary=False, logger=logger if logger is not None else False,
-                            callbacks=[*callbacks, ckpt])
+                            callbacks=[*callbacks, ResumeState(progress), ckpt])
     return trainer, ckpt
 
 
@@ -318,10 +235,9 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     module = SelfImitationModule(model, lr=float(cfg.get("lr", 5e-5)), weight_decay=float(cfg.get("weight_decay", 0.0)),
                                  warmup_ratio=float(cfg.get("warmup_ratio", 0.0)), lora=cfg.get("lora"),
                                  gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)),
-                                 total_steps=_total_steps(len(dm.examples), dm.batch_size, tc, cfg),
-                                 progress=dm.progress)
+                                 total_steps=_total_steps(len(dm.examples), dm.batch_size, tc, cfg))
     torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
-    trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks)
+    trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress)
     resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)
     if resume:
         log.info("fine-tuning: resuming from %s", resume)

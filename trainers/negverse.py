@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from i2d2.lightning_setup import adamw_param_groups
 from i2d2.negverse.formatting import collate, encode
 from i2d2.negverse.model import NegVerseLM
+from i2d2.resume import EpochProgress, resumable_loader
 
 
 class NegVerseModule(L.LightningModule):
@@ -23,12 +24,14 @@ class NegVerseModule(L.LightningModule):
         self.warmup_steps, self.total_steps = warmup_steps, total_steps
         self.strict_loading = False  # checkpoints hold only the trainable tensors (see on_save_checkpoint)
         self.save_hyperparameters(ignore=["lm"])
-        self.loss_history: list[float] = []
+        self.loss_history: list[float] = []  # every step's loss, also those before a resume (in the checkpoint)
+        self.steps_this_session = 0
 
     def training_step(self, batch, batch_idx):
         loss = self.lm.loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         self.loss_history.append(float(loss.detach()))
+        self.steps_this_session += 1
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -57,13 +60,24 @@ class NegVerseModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint):
         keep = {f"lm.{k}" for k in self.lm.trainable_state()}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+        checkpoint["negverse_loss_history"] = list(self.loss_history)  # the summary's loss numbers survive a resume
+
+    def on_load_checkpoint(self, checkpoint):
+        self.loss_history = list(checkpoint.get("negverse_loss_history", []))
 
 
-def make_loader(tok, examples: list[dict], batch_size: int, max_length: int, shuffle: bool, seed: int = 0):
-    """Tokenised examples (loss mask on the answers), right-padded with the real pad token."""
+def make_loader(tok, examples: list[dict], batch_size: int, max_length: int, shuffle: bool, seed: int = 0,
+                progress: EpochProgress | None = None):
+    """Tokenised examples (loss mask on the answers), right-padded with the real pad token. With ``progress``
+    the training loader of an exactly resumable fit (i2d2/resume.py: order by (seed, epoch), position restored
+    from the checkpoint); without, a plain ordered loader that never draws from the global RNG."""
     rows = [r for r in (encode(tok, e["prompt"], e["target"], max_length) for e in examples) if r]
     if not rows:
         raise ValueError("no training example fits max_length; raise task.train.max_length")
-    g = torch.Generator().manual_seed(seed)
-    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=g if shuffle else None,
-                      collate_fn=partial(collate, pad_id=tok.pad_token_id, side="right")), len(examples) - len(rows)
+    coll = partial(collate, pad_id=tok.pad_token_id, side="right")
+    if progress is not None:
+        loader = resumable_loader(rows, batch_size, progress=progress, seed=seed, shuffle=shuffle, collate_fn=coll)
+    else:
+        loader = DataLoader(rows, batch_size=batch_size, shuffle=shuffle, collate_fn=coll,
+                            generator=torch.Generator().manual_seed(seed))
+    return loader, len(examples) - len(rows)

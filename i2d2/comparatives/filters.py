@@ -147,21 +147,32 @@ def constraint_groups(df: pd.DataFrame, keys=("aux", "adverb", "comparative"), g
 
 def contradiction_counts(C: np.ndarray, E: np.ndarray, c_threshold: float = 0.99, e_threshold: float = 0.85
                          ) -> tuple[np.ndarray, np.ndarray]:
-    """Per statement: how many others it contradicts / agrees with (either direction of the pair)."""
-    c = (C > c_threshold) | (C.T > c_threshold)
-    e = ((E > e_threshold) | (E.T > e_threshold)) & ~c
+    """Per statement: how many others it contradicts / agrees with (either direction of the pair, probability
+    at or above the threshold; a pair that passes both counts as a contradiction)."""
+    c = (C >= c_threshold) | (C.T >= c_threshold)
+    e = ((E >= e_threshold) | (E.T >= e_threshold)) & ~c
     np.fill_diagonal(c, False)
     np.fill_diagonal(e, False)
     return c.sum(1), e.sum(1)
 
 
+def contradicts_more_often_than_not(n_contradict: np.ndarray, n_others: np.ndarray) -> np.ndarray:
+    """§2.3.3's keep rule, as written: "we discard comparatives that contradict others more often than not",
+    i.e. those that contradict more than half of the other statements about their entity pair. Entailment
+    (the 0.85 threshold) only decides which pairs count as agreeing (``n_agree``, reported); the paper's rule
+    does not weigh it. A pair's only two statements that contradict each other are both dropped (1 of 1)."""
+    return 2 * np.asarray(n_contradict) > np.asarray(n_others)
+
+
 def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_threshold: float = 0.85,
                          k: int | None = 5, group_col: str = "pair_id", score_col: str = "score",
                          text_col: str = "statement") -> pd.DataFrame:
-    """§2.3.3: drop statements that contradict the pair's other statements more often than they agree
-    with them, then keep the ``k`` best-S statements per pair. Adds ``n_contradict``/``n_agree``."""
+    """§2.3.3: drop statements that contradict more than half of their pair's other statements
+    (``contradicts_more_often_than_not``), then keep the ``k`` best-S statements per pair.
+    Adds ``n_contradict``/``n_agree``/``n_others``."""
     if df.empty:
-        return df.assign(n_contradict=pd.Series(dtype=int), n_agree=pd.Series(dtype=int))
+        return df.assign(n_contradict=pd.Series(dtype=int), n_agree=pd.Series(dtype=int),
+                         n_others=pd.Series(dtype=int))
     n_c = np.zeros(len(df), dtype=int)
     n_e = np.zeros(len(df), dtype=int)
     codes, uniq = pd.factorize(df[group_col])
@@ -170,8 +181,9 @@ def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_
         rows = np.flatnonzero(codes == g)
         C, E = scorer.matrix([texts[i] for i in rows])
         n_c[rows], n_e[rows] = contradiction_counts(C, E, c_threshold, e_threshold)
-    out = df.assign(n_contradict=n_c, n_agree=n_e)
-    out = out.loc[out["n_contradict"] <= out["n_agree"]]
+    n_others = np.bincount(codes)[codes] - 1
+    out = df.assign(n_contradict=n_c, n_agree=n_e, n_others=n_others)
+    out = out.loc[~contradicts_more_often_than_not(n_c, n_others)]
     if k is not None:
         top = out.sort_values(score_col, ascending=False, kind="stable").groupby(group_col, sort=False).head(int(k))
         out = out.loc[out.index.isin(top.index)]

@@ -70,6 +70,7 @@ def textualize(quints: list[Quintuple], realiser_cfg, out_dir: Path) -> dict:
 def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logger) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from i2d2.resume import EpochProgress, ResumeState
     from trainers.cmp import CMPModule, MixedTaskBatches, TaskBatches, per_task_sizes, train_loader, val_loader
 
     t, pre = cfg.task, cfg.task.pretrain
@@ -91,9 +92,12 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     ckpt_dir = out_dir / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
                            save_last=True)
+    # exact resume (i2d2/resume.py): the loader's position and the RNG state travel in last.ckpt
+    progress = EpochProgress()
     trainer = build_trainer(
         cfg.trainer, micro_batch=int(pre.batch_size), max_steps=steps, max_epochs=-1,
-        logger=logger if logger is not None else False, callbacks=[ckpt], default_root_dir=str(out_dir),
+        logger=logger if logger is not None else False, callbacks=[ResumeState(progress), ckpt],
+        default_root_dir=str(out_dir),
         val_check_interval=min(int(pre.val_every), steps) * accum, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, enable_checkpointing=True)
     initial_path = out_dir / "initial_val.json"
@@ -103,8 +107,11 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
         trainer.validate(module, val_loader(module, val_ds), verbose=False)
         initial = module.last_val
         write_json(initial_path, initial)
+    # a fresh fit starts from the same RNG state whatever ran before it in this process (the initial validation
+    # draws from it and is skipped by a rerun); a resumed fit takes the checkpoint's RNG state instead
+    torch.manual_seed(int(cfg.seed))
     t0 = time.time()
-    trainer.fit(module, train_loader(module, train_ds), val_loader(module, val_ds),
+    trainer.fit(module, train_loader(module, train_ds, progress=progress), val_loader(module, val_ds),
                 ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))
     train_s = time.time() - t0
     if ckpt.best_model_path:

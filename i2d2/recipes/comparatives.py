@@ -7,7 +7,7 @@ Stages, each in ``{run_dir}/iter_{k}/`` and skipped when finished with the same 
   generations/    the shared NeuroLogic generation stage (i2d2.generation.generate_stage)
   filtered/dedup/          agglomerative clustering of sentence embeddings, best S per cluster   (§2.3.1)
   filtered/groups/         best S per (pair, aux verb, adverb, comparative)                       (§2.3.2)
-  filtered/contradiction/  drop statements contradicting more than agreeing; k best per pair     (§2.3.3)
+  filtered/contradiction/  drop statements contradicting most of their pair's others; k best   (§2.3.3)
   critic/                  the shared critic trained on comparative annotations                   (§2.3.4)
   filtered/discriminator/  NC-XL / NC-L / NC-S cuts by critic score                              (§3)
   filtered/stage_counts.json, metrics.json, comparative_qa.jsonl, report.md
@@ -145,17 +145,17 @@ def _groups_fn(fcfg):
     return lambda df: F.constraint_groups(df, list(fcfg["keys"]), require_satisfied=False)
 
 
-def _contradiction_fn(fcfg, wl, device: str):
+def _contradiction_fn(fcfg, wl, device: str, trainer_cfg=None):
     def fn(df):
-        from critics.contradiction import load_contradiction_scorer
+        from critics.contradiction import ComparativeDirectionScorer, load_contradiction_scorer
 
+        # scorer: cross_encoder (trained by the framework on rule-built pairs, cached) | offline | an NLI model
         scorer = load_contradiction_scorer(fcfg.scorer, scales=wl.scales, comparatives=wl.comparatives,
                                            batch_size=int(fcfg.batch_size),
-                                           label_indices=_plain(fcfg.get("label_indices")), device=device)
-        from critics.contradiction import ComparativeDirectionScorer
-
+                                           label_indices=_plain(fcfg.get("label_indices")), device=device,
+                                           cross_encoder=_plain(fcfg.get("cross_encoder")), trainer_cfg=trainer_cfg)
         # the offline scorer reads the continuation (the shared prompt's entity names could look like
-        # comparatives, e.g. 'coolers'); NLI models read the whole statement
+        # comparatives, e.g. 'coolers'); classifiers read the whole statement
         col = "text" if isinstance(scorer, ComparativeDirectionScorer) else "statement"
         return F.contradiction_filter(df, scorer, float(fcfg.contradiction_threshold),
                                       float(fcfg.entailment_threshold), fcfg.k, text_col=col)
@@ -288,7 +288,8 @@ def run_iteration(cfg, k: int, tracker) -> dict:
 
     fcfg = task.filters
     stage_fns = {"dedup": _dedup_fn(fcfg.dedup), "groups": _groups_fn(fcfg.groups),
-                 "contradiction": _contradiction_fn(fcfg.contradiction, wl, resolve_device(cfg.trainer))}
+                 "contradiction": _contradiction_fn(fcfg.contradiction, wl, resolve_device(cfg.trainer),
+                                                    cfg.get("trainer"))}
     prev = cand_path
     for s in FILTER_STAGES:
         t0 = time.time()

@@ -3,10 +3,12 @@
 Iteration k, in ``{run_dir}/iter_{k}/``:
 
   prompts/      the prompt pool (built once, with P_0, in iteration 0) and the prompts of this iteration
-  generations/  NeuroLogic generations of P_k (shards; resumable; split over ranks under DDP)
+  generations/  NeuroLogic generations of P_k (shards; resumable; split over ranks under DDP), table/ (Arrow)
+                and generations.jsonl (readable export)
   critic/       the critic Ω trained on the labels available (seed set + the run's labels store), or a
                 pointer to an earlier iteration's critic when the labels did not change (task.critic.refresh)
-  filtered/     kept.jsonl / dropped.jsonl: critic score > δ (+ constraints satisfied, de-duplicated);
+  filtered/     kept/ / dropped/ / scores/ (Arrow tables; kept.jsonl: readable export): critic score > δ
+                (+ constraints satisfied, de-duplicated);
                 to_label.csv: a stratified sample to label for the next critic (python -m i2d2.annotate)
   finetune/     Lightning checkpoints of the fine-tuning (resumable)
   model/        P_{k+1} in save_pretrained format (written atomically)
@@ -35,22 +37,25 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.concepts import data_files
-from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, run_relative, \
-    run_stage, stage_done, write_json, write_jsonl, write_text
+from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, read_table, \
+    run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-FILTER_FORMAT = 3  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept
+FILTER_FORMAT = 4  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
+# 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
-STAGE_FORMAT = {"prompts": 1, "generation": 1, "critic": 1, "filter": FILTER_FORMAT, "heldout": 1, "finetune": 1}
+STAGE_FORMAT = {"prompts": 1, "generation": 2, "critic": 1, "filter": FILTER_FORMAT, "heldout": 1, "finetune": 1}
 TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation",
              "heldout"}
 
@@ -409,90 +414,148 @@ def truncate(text: str, mode: str = "sentence") -> str:
     return text
 
 
+SCORE_CHUNK = 65536  # statements per critic call: the filter never holds every statement in one Python list
+DROP_REASONS = ("unfinished", "critic", "empty", "constraints", "duplicate", "concept_cap")
+
+
+def _prepare_batch(batch: dict, mode: str) -> dict:
+    """Truncate a batch of generations to one statement and join each to its prompt (a ``datasets.map`` fn)."""
+    from i2d2.filtering import ends_sentence
+    from trainers.lm_finetune import join_statement
+
+    gens = [g or "" for g in batch["generation"]]
+    cut = [truncate(g, mode) for g in gens]
+    prompts = batch.get("prompt") or [""] * len(gens)
+    return {"generation": cut, "generation_raw": [g if c != g else None for g, c in zip(gens, cut)],
+            "statement": [join_statement(p or "", c) for p, c in zip(prompts, cut)],
+            "_finished": [not c or ends_sentence(c) for c in cut]}
+
+
+def _column(ds, name: str):
+    """One column of a ``datasets.Dataset`` as a pyarrow ChunkedArray (no Python object per row)."""
+    return ds.with_format("arrow").select_columns([name])[:][name]
+
+
+def _concept_cap(scores: np.ndarray, concepts: np.ndarray, cap: int) -> np.ndarray:
+    """Mask of the rows within the ``cap`` best-scored of their concept (integer codes; ties: earlier rows)."""
+    order = np.lexsort((np.arange(len(scores)), -scores, concepts))  # by concept, best first within it
+    c = concepts[order]
+    starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+    rank_in_concept = np.arange(len(c)) - np.repeat(starts, np.diff(np.r_[starts, len(c)]))
+    keep = np.zeros(len(scores), dtype=bool)
+    keep[order[rank_in_concept < cap]] = True
+    return keep
+
+
+def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.ndarray], delta: float, fcfg: dict,
+                       tracker=None, num_proc: int | None = None) -> tuple[dict, Any, Any]:
+    """The filter over the generation table of the stage folder ``gens_dir``: truncate, drop unfinished, critic score > δ, empty,
+    constraints, near-duplicates, per-concept cap. Rows stay in Arrow (memory-mapped); only per-row numbers and
+    the kept statements are held in memory. Writes ``kept/``, ``dropped/``, ``scores/`` tables and ``kept.jsonl``;
+    returns (summary, kept, dropped)."""
+    from i2d2.filtering import near_duplicates, write_filtered
+    from i2d2.generation import generations_table
+    from i2d2.io import save_table
+
+    work = d / ".work"  # map() caches: hidden from fingerprints, removed at the end
+    work.mkdir(parents=True, exist_ok=True)
+    ds = generations_table(gens_dir)
+    ds = ds.map(_prepare_batch, batched=True, batch_size=1000, num_proc=num_proc,
+                fn_kwargs={"mode": fcfg.get("truncate", "sentence")}, cache_file_name=str(work / "prepared.arrow"),
+                desc="filter: truncate")
+    n = len(ds)
+    finished = _column(ds, "_finished").to_numpy(zero_copy_only=False) if fcfg.get("require_sentence_end", True) \
+        else np.ones(n, dtype=bool)  # cut off by max_new_tokens: not a statement
+    scored = np.flatnonzero(finished)
+    texts = ds.select_columns(["statement"]).select(scored)
+    scores = np.concatenate([np.asarray(score(b["statement"]), dtype=float).reshape(-1)
+                             for b in texts.iter(batch_size=SCORE_CHUNK)] or [np.zeros(0)])
+    if len(scores) != len(scored):
+        raise RuntimeError(f"critic returned {len(scores)} scores for {len(scored)} statements")
+    if np.isnan(scores).any():
+        raise ValueError(f"filter: {int(np.isnan(scores).sum())} critic scores are NaN")
+    critic_score = np.full(n, np.nan)
+    critic_score[scored] = scores
+    reason = np.full(n, -1, dtype=np.int8)  # index into DROP_REASONS, -1: kept
+    reason[~finished] = 0
+    reason[scored[scores <= delta]] = 1
+    empty = pc.equal(pc.utf8_length(_column(ds, "generation")), 0).to_numpy(zero_copy_only=False)
+    reason[(reason < 0) & empty] = 2
+    accepted = int((reason < 0).sum())
+    if fcfg.get("require_constraints", True) and "all_satisfied" in ds.column_names:
+        unsat = pc.fill_null(pc.equal(_column(ds, "all_satisfied"), False), False).to_numpy(zero_copy_only=False)
+        reason[(reason < 0) & unsat] = 3
+    n_unsat = int((reason == 3).sum())
+    # concepts as integer codes (case folded, as near_duplicates groups them): no Python string per row
+    concepts = (pc.utf8_lower(pc.cast(_column(ds, "concept"), pa.string())) if "concept" in ds.column_names
+                else pa.chunked_array([pa.array([""] * n, pa.string())]))
+    concept_code = pc.fill_null(concepts, "").combine_chunks().dictionary_encode().indices.to_numpy()
+    duplicate_src = np.full(n, -1)
+    if fcfg.get("dedupe", True):  # one statement per near-duplicate cluster of a concept, the best-scored
+        idx = np.flatnonzero(reason < 0)
+        statements = _column(ds.select(idx), "statement").to_pylist()  # the accepted rows only
+        rep = near_duplicates(statements, concept_code[idx].tolist(), threshold=float(fcfg.get("near_duplicate_ratio", 90)),
+                              order=critic_score[idx])
+        dup = np.flatnonzero(rep != np.arange(len(idx)))
+        reason[idx[dup]] = 4
+        duplicate_src[idx[dup]] = idx[rep[dup]]
+    cap = fcfg.get("max_per_concept")
+    if cap:  # balance: one concept's template must not dominate what P_{k+1} imitates
+        idx = np.flatnonzero(reason < 0)
+        reason[idx[~_concept_cap(critic_score[idx], concept_code[idx], int(cap))]] = 5
+    ds = ds.remove_columns(["_finished"])
+    duplicate_of = pc.take(_column(ds, "statement"), pa.array(duplicate_src, mask=duplicate_src < 0))
+    ds = (ds.add_column("critic_score", pa.array(critic_score, mask=np.isnan(critic_score)))
+          .add_column("drop_reason", pa.DictionaryArray.from_arrays(pa.array(reason, mask=reason < 0),
+                                                                    pa.array(DROP_REASONS)).cast(pa.string()))
+          .add_column("duplicate_of", duplicate_of.combine_chunks()))
+    kept = ds.select(np.flatnonzero(reason < 0)).remove_columns(["drop_reason", "duplicate_of"])
+    dropped = ds.select(np.flatnonzero(reason >= 0))
+    summary = write_filtered(d, kept, dropped, delta=delta, tracker=tracker)
+    save_table(d / "scores", ds.select(scored).select_columns(
+        [c for c in ("prompt_id", "rank_in_prompt", "critic_score") if c in ds.column_names]))
+    summary.update(accepted_rate=accepted / n if n else 0.0, n_dropped_constraints=n_unsat,
+                   n_dropped_unfinished=int((reason == 0).sum()), n_dropped_concept_cap=int((reason == 5).sum()),
+                   n_truncated=n - _column(ds, "generation_raw").null_count, n_empty=int(empty.sum()),
+                   n_dropped_duplicates=int((reason == 4).sum()))
+    from i2d2.io import read_table
+
+    kept, dropped = read_table(d / "kept"), read_table(d / "dropped")  # the saved tables, not the work cache
+    shutil.rmtree(work, ignore_errors=True)
+    return summary, kept, dropped
+
+
 def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks) -> dict:
     from critics.scoring import score_texts
     from i2d2.annotation import export_for_annotation, labels_store
-    from i2d2.filtering import ends_sentence, threshold_filter, write_filtered
-    from trainers.lm_finetune import join_statement
 
     out = it_dir / "filtered"
-    gens = it_dir / "generations" / "generations.jsonl"
+    gens = it_dir / "generations"
     fcfg = _plain(cfg.task.filter)
     delta = float(fcfg["delta"]) if fcfg.get("delta") is not None else float(critic["delta"])
     acfg = _plain(cfg.task.get("annotation") or {})
-    # the critic's weights, not its path; the format version changes when the stage's output format does
+    # the critic's weights, not its path; the format version changes when the stage's output format does;
+    # num_proc changes the speed, not the result
     critic_dir = in_run(critic["model_dir"], cfg.run_dir)
-    fp = fingerprint("filter", gens, critic_dir, delta, fcfg, acfg)
+    fp = fingerprint("filter", gens / "table", critic_dir, delta, {a: b for a, b in fcfg.items() if a != "num_proc"}, acfg)
+    batch_size, device = int(_get(cfg.critic, "eval_batch_size", 64)), _device(cfg)
 
     def fn(d: Path) -> dict:
-        rows = read_jsonl(gens, required=("prompt_id",))  # an empty generation is a row too (dropped below)
-        mode = fcfg.get("truncate", "sentence")
-        for r in rows:
-            r["generation"] = r.get("generation") or ""
-            cut = truncate(r["generation"], mode)
-            if cut != r["generation"]:
-                r["generation_raw"], r["generation"] = r["generation"], cut
-            r["statement"] = join_statement(r.get("prompt", ""), r["generation"])
-        n_empty = sum(not r["generation"] for r in rows)
-        unfinished = []
-        if fcfg.get("require_sentence_end", True):  # cut off by max_new_tokens: not a statement
-            unfinished = [{**r, "critic_score": None, "drop_reason": "unfinished"} for r in rows
-                          if r["generation"] and not ends_sentence(r["generation"])]
-            rows = [r for r in rows if not r["generation"] or ends_sentence(r["generation"])]
-        scores = score_texts(critic_dir, [r["statement"] for r in rows],
-                             batch_size=int(_get(cfg.critic, "eval_batch_size", 64)), device=_device(cfg))
-        kept, dropped = threshold_filter(rows, scores, delta)
-        for r in dropped:
-            r["drop_reason"] = "critic"
-        dropped += unfinished
-        for r in [r for r in kept if not r["generation"]]:  # nothing left after truncation
-            kept.remove(r)
-            dropped.append({**r, "drop_reason": "empty"})
-        accepted = len(kept)
-        if fcfg.get("require_constraints", True):
-            ok = [r for r in kept if r.get("all_satisfied", True)]
-            for r in kept:
-                if not r.get("all_satisfied", True):
-                    dropped.append({**r, "drop_reason": "constraints"})
-            n_unsat, kept = len(kept) - len(ok), ok
-        else:
-            n_unsat = 0
-        n_dup = 0
-        if fcfg.get("dedupe", True):  # one statement per near-duplicate cluster of a concept, the best-scored
-            from i2d2.filtering import near_duplicates
-
-            rep = near_duplicates([r["statement"] for r in kept], [r.get("concept", "") for r in kept],
-                                  threshold=float(fcfg.get("near_duplicate_ratio", 90)),
-                                  order=[r["critic_score"] for r in kept])
-            for i, r in enumerate(kept):
-                if rep[i] != i:
-                    dropped.append({**r, "drop_reason": "duplicate", "duplicate_of": kept[rep[i]]["statement"]})
-            n_dup = int((rep != np.arange(len(kept))).sum())
-            kept = [r for i, r in enumerate(kept) if rep[i] == i]
-        n_capped = 0
-        cap = fcfg.get("max_per_concept")
-        if cap:  # balance: one concept's template must not dominate what P_{k+1} imitates
-            by_concept: dict[str, list[dict]] = {}
-            for r in kept:
-                by_concept.setdefault(str(r.get("concept", "")), []).append(r)
-            chosen = {id(r) for rs in by_concept.values()
-                      for r in sorted(rs, key=lambda r: -r["critic_score"])[:int(cap)]}
-            dropped += [{**r, "drop_reason": "concept_cap"} for r in kept if id(r) not in chosen]
-            n_capped = len(kept) - len(chosen)
-            kept = [r for r in kept if id(r) in chosen]
-        summary = write_filtered(d, kept, dropped, delta=delta, tracker=tracker)
-        write_jsonl(d / "scores.jsonl", [{"prompt_id": r["prompt_id"], "rank_in_prompt": r.get("rank_in_prompt"),
-                                          "critic_score": float(s)} for r, s in zip(rows, scores)])
-        summary.update(accepted_rate=accepted / len(rows) if rows else 0.0, n_dropped_constraints=n_unsat,
-                       n_dropped_unfinished=len(unfinished), n_dropped_concept_cap=n_capped,
-                       n_truncated=sum("generation_raw" in r for r in rows), n_empty=n_empty,
-                       n_dropped_duplicates=n_dup, delta_source="task.filter.delta" if fcfg.get("delta") is not None
-                       else "critic")
+        summary, kept, dropped = filter_generations(
+            gens, d, lambda texts: score_texts(critic_dir, texts, batch_size=batch_size, device=device), delta, fcfg,
+            tracker=tracker, num_proc=fcfg.get("num_proc"))
+        summary["delta_source"] = "task.filter.delta" if fcfg.get("delta") is not None else "critic"
         k_per = int(acfg.get("k_per_concept", 4))
         if k_per > 0:
+            import datasets
+
             store = labels_store(cfg.run_dir)
             exclude = [r["statement"] for r in read_jsonl(store)] if store.exists() else []
-            exported = export_for_annotation(kept + dropped, d / "to_label.csv", k_per_concept=k_per,
+            cols = [c for c in ("statement", "concept", "critic_score", "prompt", "prompt_id", "source")
+                    if c in kept.column_names]
+            both = datasets.concatenate_datasets([kept.select_columns(cols), dropped.select_columns(cols)])
+            rows = (dict(zip(cols, vals)) for b in both.iter(batch_size=10_000) for vals in zip(*(b[c] for c in cols)))
+            exported = export_for_annotation(rows, d / "to_label.csv", k_per_concept=k_per,
                                              seed=int(cfg.seed) + k, exclude=exclude)
             summary["n_to_label"] = len(exported)
         write_json(d / "summary.json", summary)
@@ -591,7 +654,7 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
 
     rcfg = _plain(cfg.task.get("report") or {})
     kept = read_jsonl(it_dir / "filtered" / "kept.jsonl")
-    dropped = read_jsonl(it_dir / "filtered" / "dropped.jsonl")
+    dropped = read_table(it_dir / "filtered" / "dropped").to_list()
     everything = kept + dropped
     sample = int(rcfg.get("self_bleu_sample", 200))
     seed = int(cfg.seed) + k
@@ -687,7 +750,8 @@ def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
         it_dir.mkdir(parents=True, exist_ok=True)
         write_text(it_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     t0 = time.time()
-    logger = build_logger(cfg.logger) if ranks.zero or ranks.mode == "subprocess" else None
+    # every logger gets the resolved config (decoding, task, model, critic keys), namespaced apart from the fits' hparams
+    logger = build_logger(cfg.logger, config=cfg) if ranks.zero or ranks.mode == "subprocess" else None
     tracker = Tracker(logger, it_dir / "report") if ranks.zero else None
     lm = _LazyLM(cfg, generator)
     model_key = _model_id(generator)
@@ -709,6 +773,9 @@ def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
     filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
     held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, tracker, ranks))
     ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))
+    if ranks.zero:  # opt-in (log_artifacts: true in the W&B logger config)
+        tracker.log_artifact(f"kept-iter{k}", it_dir / "filtered" / "kept", "dataset")
+        tracker.log_artifact(f"model-iter{k}", model_dir(cfg.run_dir, k), "model")
     result: dict = {"iteration": k}
     if ranks.zero:
         result = timed("report", lambda: report_stage(cfg, k, it_dir, gen, critic, filt, ft, prompts, held, generator,

@@ -52,6 +52,7 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     from i2d2.lightning_setup import build_trainer, full_weights, resume_checkpoint
     from i2d2.models import load_causal_lm
     from i2d2.negverse.model import NegVerseLM
+    from i2d2.resume import EpochProgress, ResumeState
     from trainers.negverse import NegVerseModule, make_loader
 
     t = cfg.task
@@ -61,7 +62,8 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
                     train_new_tokens=bool(t.prompt.train_new_tokens))
     train = read_jsonl(data_dir / "train.jsonl", required=["prompt", "target"])
     val = read_jsonl(data_dir / "val.jsonl", required=["prompt", "target"])
-    train_dl, skipped = make_loader(tok, train, int(tr.batch_size), int(tr.max_length), True, int(cfg.seed))
+    progress = EpochProgress()  # exact resume: batch position + RNG state in last.ckpt (i2d2/resume.py)
+    train_dl, skipped = make_loader(tok, train, int(tr.batch_size), int(tr.max_length), True, int(cfg.seed), progress)
     val_dl = make_loader(tok, val, int(tr.batch_size), int(tr.max_length), False)[0] if val else None
     max_steps = int(tr.max_steps)
     total = max_steps if max_steps > 0 else len(train_dl) * int(tr.epochs)
@@ -72,9 +74,12 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
                            every_n_train_steps=int(tr.checkpoint_every))
     trainer = build_trainer(
         cfg.trainer, micro_batch=int(tr.batch_size), max_steps=max_steps,
-        max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ckpt],
+        max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ResumeState(progress), ckpt],
         logger=logger if logger is not None else False, default_root_dir=str(out_dir),
         limit_val_batches=int(tr.val_batches), num_sanity_val_steps=0)
+    import torch
+
+    torch.manual_seed(int(cfg.seed))  # a fresh fit starts from one RNG state; a resumed one takes the checkpoint's
     t0 = time.time()
     trainer.fit(module, train_dl, ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))
     fit_s = time.time() - t0
@@ -86,7 +91,7 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
             lm.save(out_dir / "adapter", cfg.model.name, extra={"task": _c(t)})
     summary = {"steps": int(trainer.global_step), "fit_s": fit_s, "val_loss": val_loss,
                "train_loss_first10": _mean(module.loss_history[:10]), "train_loss_last10": _mean(module.loss_history[-10:]),
-               "steps_this_session": len(module.loss_history),
+               "steps_this_session": module.steps_this_session,
                "n_train_examples": len(train), "skipped_too_long": skipped,
                "adapter": run_relative(out_dir / "adapter", cfg.run_dir)}  # recorded relative to run_dir
     write_json(out_dir / "summary.json", summary)

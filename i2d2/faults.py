@@ -1,0 +1,41 @@
+"""Fault injection for the crash-and-rerun tests (tests/faults/): ``I2D2_FAULT_AT="<point>:<n>"`` SIGKILLs the
+process the n-th time (1-based) it passes ``fault_point("<point>")``.
+
+Points (a prefix match, so ``write:generations`` hits ``write:generations.jsonl`` and the shard files):
+  ``stage:<name>``       a stage starts (after its _STARTED marker), ``done:<name>`` its output is written but
+                         the _DONE marker not yet (i2d2.io.run_stage);
+  ``write:<file name>``  an atomic write has its temporary file complete but not renamed into place
+                         (i2d2.io.atomic_path: tables, markers, shards, checkpoints);
+  ``train_step``         a training step finished, its checkpoint not yet saved (i2d2.resume.ResumeState).
+Unset (the normal case), ``fault_point`` is one dictionary lookup-free comparison: the variable is read once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "I2D2_FAULT_AT"
+
+
+def _parse(spec: str | None) -> tuple[str, int] | None:
+    if not spec:
+        return None
+    point, _, n = spec.rpartition(":")
+    if not point or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"{ENV}={spec!r}: expected '<point>:<n>' with n >= 1, e.g. 'train_step:3'")
+    return point, int(n)
+
+
+_TARGET = _parse(os.environ.get(ENV))
+_seen = 0
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process here if ``I2D2_FAULT_AT`` names this point and its count is reached."""
+    global _seen
+    if _TARGET is None or not name.startswith(_TARGET[0]):
+        return
+    _seen += 1
+    if _seen == _TARGET[1]:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,153 @@
+"""Exact resume of a killed Lightning fit: the same batches and the same random numbers as an uninterrupted run.
+
+Shared by every trainer (LM fine-tuning, critic, CMP pre-training, NegVerse prompt tuning):
+
+* ``ResumableBatchSampler``: batch order a pure function of (seed, epoch, rank); it can skip the batches of an
+  epoch that a checkpoint says were consumed;
+* ``ResumableLoader``: a DataLoader Lightning treats as *stateful* (``state_dict``/``load_state_dict``), so a
+  step-level checkpoint records how far into the epoch the fit was and the restored fit continues from there
+  (a plain DataLoader restarts the epoch from its first batch);
+* ``ResumeState``: a callback that counts the batches run in the current epoch (what the loader's state
+  reports), carries the torch RNG states in the checkpoint (dropout after a resume draws what an uninterrupted
+  run draws) and marks each finished step for the fault-injection hook (``i2d2.faults``).
+
+Use: ``progress = EpochProgress()``; ``resumable_loader(dataset, ..., progress=progress)``; add
+``ResumeState(progress)`` to the trainer's callbacks; save ``last.ckpt`` every N steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Iterator
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from i2d2.faults import fault_point
+
+log = logging.getLogger(__name__)
+
+
+class EpochProgress:
+    """Batches whose training step ran in the current epoch (counted by ``ResumeState``, read at checkpoint time)."""
+
+    def __init__(self):
+        self.epoch, self.batches = 0, 0
+
+
+class ResumableBatchSampler(Sampler[list[int]]):
+    """Batches of indices in an order fixed by (seed, epoch), sharded by rank, that can skip consumed batches.
+
+    Every rank gets the same number of batches (indices are wrapped round to a multiple of the world size,
+    like DistributedSampler), so DDP ranks never wait on each other at the end of an epoch.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
+        if n <= 0:
+            raise ValueError("nothing to train on: the training set is empty")
+        self.n, self.batch_size, self.seed, self.shuffle = n, int(batch_size), int(seed), shuffle
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.epoch = 0
+        self._skip: tuple[int, int] | None = None  # (epoch, batches to skip in that epoch)
+        self.sampler = self  # Lightning calls ``loader.batch_sampler.sampler.set_epoch(epoch)`` every epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def skip(self, epoch: int, batches: int) -> None:
+        self._skip = (int(epoch), int(batches))
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        per_rank = math.ceil(self.n / self.world_size)
+        order = (order * (1 + per_rank * self.world_size // max(self.n, 1)))[: per_rank * self.world_size]
+        return order[self.rank::self.world_size]
+
+    def __len__(self) -> int:
+        return math.ceil(math.ceil(self.n / self.world_size) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = self._indices()
+        batches = [idx[i:i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
+        start = 0
+        if self._skip is not None and self._skip[0] == self.epoch:  # kept until the resumed epoch comes round
+            start = min(self._skip[1], len(batches))
+            self._skip = None
+            log.info("resuming epoch %d after %d finished batches", self.epoch, start)
+        yield from batches[start:]
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader Lightning treats as stateful: the checkpoint records the epoch and batches consumed."""
+
+    def __init__(self, *args, progress: EpochProgress, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._progress = progress
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._progress.epoch, "batches": self._progress.batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch_sampler.skip(state["epoch"], state["batches"])
+        self._progress.epoch, self._progress.batches = state["epoch"], state["batches"]
+
+
+def resumable_loader(dataset: Dataset, batch_size: int, *, progress: EpochProgress, seed: int = 0,
+                     shuffle: bool = True, collate_fn: Callable | None = None, rank: int = 0,
+                     world_size: int = 1) -> ResumableLoader:
+    """A training loader whose order depends only on (seed, epoch) and whose position a checkpoint restores.
+    Its own generator seeds the (unused) worker base seed, so iterating never draws from the global RNG."""
+    sampler = ResumableBatchSampler(len(dataset), batch_size, seed, shuffle, rank, world_size)
+    return ResumableLoader(dataset, batch_sampler=sampler, collate_fn=collate_fn, num_workers=0,
+                           generator=torch.Generator().manual_seed(int(seed)), progress=progress)
+
+
+def single_item(collate: Callable) -> Callable:
+    """A collate for datasets whose item is already a whole batch (CMP's step-indexed datasets) read through a
+    batch sampler of size 1."""
+    return lambda items: collate(items[0])
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class ResumeState(L.Callback):
+    """Counts the batches of the current epoch for ``ResumableLoader``, carries the RNG state through the
+    checkpoint, and is the ``train_step`` fault point (``I2D2_FAULT_AT=train_step:<n>``)."""
+
+    def __init__(self, progress: EpochProgress | None = None):
+        self.progress = progress or EpochProgress()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if self.progress.epoch != trainer.current_epoch:
+            self.progress.epoch, self.progress.batches = trainer.current_epoch, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # counted before the step so that the checkpoint saved at this batch's end includes it
+        if self.progress.epoch != trainer.current_epoch:
+            self.progress.epoch, self.progress.batches = trainer.current_epoch, 0
+        self.progress.batches += 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        fault_point("train_step")
+
+    def state_dict(self) -> dict:
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("rng"):
+            set_rng_state(state["rng"])

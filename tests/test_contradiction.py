@@ -1,0 +1,114 @@
+"""The graded contradiction scorer (critics/contradiction.py): rule-built training pairs, the cross-encoder
+(tiny:bert here), its cache, the config switch and §2.3.3's keep rule."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from critics.contradiction import (LABELS, META, ComparativeDirectionScorer, CrossEncoderScorer, PairBuilder,
+                                   cross_encoder_config, load_contradiction_scorer, rule_pairs, train_cross_encoder)
+from i2d2.comparatives import filters as F
+from i2d2.comparatives.wordlists import load_wordlists
+
+
+@pytest.fixture(scope="module")
+def lexicon():
+    wl = load_wordlists()
+    return ComparativeDirectionScorer(wl.scales, wl.comparatives)
+
+
+def _pairs(lexicon, text, prompt):
+    return PairBuilder(lexicon, seed=3).pairs(text, prompt)
+
+
+def test_rule_pairs_edit_the_scale_word_with_the_edit_as_label(lexicon):
+    text, prompt = "Compared to cars, bikes are generally cheaper.", "Compared to cars, bikes"
+    pairs = _pairs(lexicon, text, prompt)
+    assert {lab for _, _, lab in pairs} == set(LABELS)
+    c, e = lexicon.scores([p for p, _, _ in pairs], [h for _, h, _ in pairs])
+    for (p, h, lab), ci, ei in zip(pairs, c, e):
+        assert p.startswith(prompt) and h.startswith(prompt)  # the entity names are never edited
+        if lab == "contradiction":  # the other end of the cost scale
+            assert ci == 1.0, (p, h)
+        elif lab == "neutral":  # another scale: the two statements share none
+            scales = [{sc for sc, _ in lexicon.claims(t[len(prompt):])} for t in (p, h)]
+            assert ci == 0.0 and scales[0] and scales[1] and not scales[0] & scales[1], (p, h)
+        else:
+            assert ci == 0.0, (p, h)
+
+
+def test_ambiguous_words_and_non_comparatives_get_no_scale_edit(lexicon):
+    # 'lighter' sits on weight and brightness: its opposite is unknown, so only the hedge swap is made
+    pairs = _pairs(lexicon, "Compared to vans, cars are typically lighter.", "Compared to vans, cars")
+    assert {lab for _, _, lab in pairs} <= {"entailment", "neutral"}
+    assert not any("heavier" in h or "darker" in h for _, h, _ in pairs)
+    # 'more care' -> 'less care' is a contradiction; 'more of' names no attribute
+    pairs = _pairs(lexicon, "Compared to cats, dogs often need more care.", "Compared to cats, dogs")
+    assert ("Compared to cats, dogs often need more care.", "Compared to cats, dogs often need less care.",
+            "contradiction") in pairs
+    assert not any(lab == "contradiction" for _, _, lab in _pairs(lexicon, "Compared to cats, dogs are more of a pet.",
+                                                                   "Compared to cats, dogs"))
+
+
+def test_rule_pairs_are_marked_as_rule_built_and_deduplicated(lexicon):
+    rows = rule_pairs([{"statement": "Compared to cars, bikes are generally cheaper.", "concept": "car | bike"}] * 2,
+                      lexicon)
+    assert rows and all(r["source"] == "rule" and r["concept"] == "car | bike" for r in rows)
+    assert len({(r["premise"], r["hypothesis"]) for r in rows}) == len(rows)
+
+
+def test_cross_encoder_trains_caches_and_scores_probabilities(tmp_path):
+    from critics.contradiction import source_statements
+
+    statements = tmp_path / "statements.jsonl"  # 40 real Gemma comparatives keep the test quick
+    statements.write_text("".join(json.dumps(r) + "\n" for r in source_statements(None)[:40]))
+    cfg = {"name": "tiny:bert", "dir": str(tmp_path / "ce"), "max_steps": 3, "batch_size": 8,
+           "statements": [str(statements)]}
+    folder = train_cross_encoder(cfg)
+    meta = json.loads((folder / META).read_text())
+    assert meta["labels"] == list(LABELS) and meta["steps"] == 3 and "not human judgements" in meta["training_pairs"]
+    assert meta["n_train"] + meta["n_val"] == meta["n_pairs"] > 100 / 2
+    stamp = (folder / META).stat().st_mtime_ns
+    assert train_cross_encoder(cfg) == folder and (folder / META).stat().st_mtime_ns == stamp  # reused, not retrained
+    assert not (tmp_path / "ce.work").exists()
+    s = load_contradiction_scorer("cross_encoder", cross_encoder=cfg)
+    assert isinstance(s, CrossEncoderScorer)
+    C, E = s.matrix(["Compared to cars, bikes are cheaper.", "Compared to cars, bikes are pricier.",
+                     "Compared to cars, bikes are slower."])
+    off = ~np.eye(3, dtype=bool)
+    assert np.all(np.diag(C) == 0) and np.all((C[off] > 0) & (C[off] < 1)) and np.all(C + E <= 1 + 1e-6)
+    assert len(np.unique(np.round(C[off], 6))) > 1  # graded: different pairs, different probabilities
+
+
+def test_config_switch_and_bad_keys(tmp_path):
+    assert isinstance(load_contradiction_scorer("offline"), ComparativeDirectionScorer)
+    with pytest.raises(ValueError, match="unknown key.*'epochs'"):
+        cross_encoder_config({"epochs": 3})
+    bad = tmp_path / "s.jsonl"
+    bad.write_text('{"statement": "Compared to cars, bikes are cheaper."}\n{"text": "x"}\n')
+    with pytest.raises(ValueError, match=r"s.jsonl:2: key 'statement'"):
+        train_cross_encoder({"name": "tiny:bert", "dir": str(tmp_path / "ce"), "statements": [str(bad)]})
+
+
+class _Fixed:
+    """A scorer with given probability matrices (one entity pair)."""
+
+    def __init__(self, C, E):
+        self.C, self.E = np.asarray(C, float), np.asarray(E, float)
+
+    def matrix(self, texts):
+        return self.C[:len(texts), :len(texts)], self.E[:len(texts), :len(texts)]
+
+
+def test_keep_rule_is_contradicting_more_often_than_not():
+    # statement 0 contradicts 1 and 2 (2 of 3 others) -> dropped; 1 and 2 contradict 1 of 3 -> kept, though no
+    # statement agrees with them (the old n_contradict <= n_agree rule dropped them); 0.98 is under 0.99
+    C = [[0, 0.995, 0.999, 0.98], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    E = np.zeros((4, 4))
+    df = pd.DataFrame({"pair_id": ["a"] * 4, "statement": list("wxyz"), "score": [0.0, -1.0, -2.0, -3.0]})
+    out = F.contradiction_filter(df, _Fixed(C, E), 0.99, 0.85, k=None)
+    assert sorted(out.index) == [1, 2, 3] and out["n_others"].tolist() == [3, 3, 3]
+    assert F.contradicts_more_often_than_not(np.array([1, 2, 1, 0]), np.array([1, 3, 2, 0])).tolist() == \
+        [True, True, False, False]

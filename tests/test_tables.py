@@ -1,0 +1,107 @@
+"""Stage tables in Arrow: generation shards -> memory-mapped table; the filter over it; JSONL as the export."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from i2d2.io import DataError, read_jsonl, read_table, save_table, write_arrow
+from i2d2.recipes.generics import _concept_cap, filter_generations
+
+FCFG = {"truncate": "sentence", "require_sentence_end": True, "require_constraints": True, "dedupe": True,
+        "near_duplicate_ratio": 90, "max_per_concept": 2}
+
+
+def _row(i, concept, generation, ok=True):
+    return {"prompt_id": f"p{i // 2}", "prompt": f"{concept.capitalize()}s", "generation": generation,
+            "rank_in_prompt": i % 2, "all_satisfied": ok, "matched": [None], "concept": concept, "related": None}
+
+
+ROWS = [
+    _row(0, "dog", "bark loudly. And more"),     # truncated, kept
+    _row(1, "dog", "bark loudly!"),              # near-duplicate of row 0 (lower score)
+    _row(2, "dog", "have four legs"),            # unfinished (no sentence end)
+    _row(3, "dog", "chase cats."),               # below δ
+    _row(4, "cat", "."),                          # kept: "Cats ." has a statement
+    _row(5, "cat", "purr when happy.", ok=False),  # constraint violated
+    _row(6, "cat", "sleep a lot."),              # kept
+    _row(7, "cat", "like fish."),                # over the per-concept cap of 2
+]
+SCORES = {"Dogs bark loudly.": 0.9, "Dogs bark loudly!": 0.8, "Dogs chase cats.": 0.1, "Cats .": 0.95,
+          "Cats purr when happy.": 0.9, "Cats sleep a lot.": 0.85, "Cats like fish.": 0.7}
+
+
+def _gens(tmp_path, rows=ROWS):
+    write_arrow(tmp_path / "generations" / "table" / "shard-00000.arrow", rows[:3])
+    write_arrow(tmp_path / "generations" / "table" / "shard-00001.arrow", rows[3:])
+    return tmp_path / "generations"
+
+
+def _score(texts):
+    return np.array([SCORES[t] for t in texts])
+
+
+@pytest.mark.parametrize("num_proc", [None, 2])
+def test_filter_over_arrow_table(tmp_path, num_proc):
+    out = tmp_path / "filtered"
+    out.mkdir()
+    summary, kept, dropped = filter_generations(_gens(tmp_path), out, _score, 0.5, FCFG, num_proc=num_proc)
+    assert kept.cache_files and all(f["filename"].startswith(str(out)) for f in kept.cache_files)  # memory-mapped
+    assert kept["statement"] == ["Dogs bark loudly.", "Cats .", "Cats sleep a lot."]
+    assert kept["generation_raw"] == ["bark loudly. And more", None, None]
+    reasons = dict(zip(dropped["statement"], dropped["drop_reason"]))
+    assert reasons == {"Dogs bark loudly!": "duplicate", "Dogs have four legs": "unfinished",
+                       "Dogs chase cats.": "critic", "Cats purr when happy.": "constraints",
+                       "Cats like fish.": "concept_cap"}
+    dup = dropped.filter(lambda r: r["drop_reason"] == "duplicate")
+    assert dup["duplicate_of"] == ["Dogs bark loudly."]
+    assert dropped.filter(lambda r: r["drop_reason"] == "unfinished")["critic_score"] == [None]
+    assert summary["n_kept"] == 3 and summary["n_in"] == 8 and summary["n_dropped_unfinished"] == 1
+    assert summary["n_truncated"] == 1 and summary["n_dropped_duplicates"] == 1
+    assert summary["n_dropped_constraints"] == 1 and summary["n_dropped_concept_cap"] == 1
+    assert summary["accepted_rate"] == 6 / 8  # critic > δ and not empty, before constraints/dedupe/cap
+    # the readable export is the kept table, row for row; the scores table covers every scored row
+    assert read_jsonl(out / "kept.jsonl") == kept.to_list()
+    assert len(read_table(out / "scores")) == 7 and not (out / ".work").exists()
+
+
+def test_tables_reject_bad_input(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="not a stage table"):
+        read_table(tmp_path / "empty")
+    save_table(tmp_path / "t", __import__("pyarrow").Table.from_pylist([{"a": 1}]))
+    with pytest.raises(DataError, match=r"lacks column\(s\) \['b'\]"):
+        read_table(tmp_path / "t", columns=["a", "b"])
+
+
+def test_shards_with_all_null_fields_concatenate(tmp_path):
+    write_arrow(tmp_path / "shard-00000.arrow", [{"a": None, "m": []}])
+    write_arrow(tmp_path / "shard-00001.arrow", [{"a": "x", "m": ["y", None]}])
+    assert read_table(tmp_path).to_list() == [{"a": None, "m": []}, {"a": "x", "m": ["y", None]}]
+
+
+def test_concept_cap_keeps_best_per_concept():
+    keep = _concept_cap(np.array([0.1, 0.9, 0.5, 0.7, 0.7]), np.array([0, 0, 0, 1, 1]), 2)
+    assert keep.tolist() == [False, True, True, True, True]
+
+
+def test_generation_table_matches_export(tmp_path):
+    from i2d2.generation import generations_table
+
+    gens = _gens(tmp_path)
+    (gens / "generations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert generations_table(gens).to_list() == read_jsonl(gens / "generations.jsonl")
+
+
+def test_annotate_exports_from_a_table_folder(tmp_path):
+    from i2d2.annotate import main
+
+    out = tmp_path / "filtered"
+    out.mkdir()
+    filter_generations(_gens(tmp_path), out, _score, 0.5, FCFG)
+    assert main(["export", "--input", str(out / "kept.jsonl"), "--input", str(out / "dropped"),
+                 "--out", str(tmp_path / "s.jsonl"), "--k", "10"]) == 0
+    got = {r["statement"] for r in read_jsonl(tmp_path / "s.jsonl")}
+    assert "Dogs chase cats." in got and "Cats sleep a lot." in got  # rows from both inputs

@@ -1,0 +1,127 @@
+"""Tracking: the resolved config reaches every logger (a W&B offline run folder holds the decoding and task keys),
+several loggers at once, fits' hyper-parameters namespaced, progress lines in the logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+from i2d2.config import CONF_DIR, setup_run
+from i2d2.tracking import Tracker, build_logger, flat_config
+
+
+def _cfg(run_dir, *overrides):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"run_dir={run_dir}", *overrides])
+    setup_run(cfg)
+    return cfg
+
+
+def _wandb_records(path: Path):
+    """The protobuf records of a W&B transaction log (``run-<id>.wandb``): a 7-byte header (``:W&B``, magic,
+    version) then LevelDB-log blocks of 32 KiB whose records carry crc32 (4), length (2, LE), type (1)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block, pos, pending = path.read_bytes(), 32768, 7, b""
+    assert data[:4] == b":W&B", path
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # block trailer padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 0 and length == 0:
+            continue
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            rec = pb.Record()
+            rec.ParseFromString(pending)
+            yield rec
+
+
+def _offline_config(run_dir: Path) -> dict:
+    """The config W&B recorded in the (single) offline run folder under run_dir: ``{key: value}`` (the run's
+    config record, then every config update, as ``wandb sync`` would upload them)."""
+    runs = sorted(Path(run_dir).glob("wandb/offline-run-*"))
+    assert len(runs) == 1, runs
+    config: dict = {}
+    for rec in _wandb_records(next(runs[0].glob("run-*.wandb"))):
+        items = rec.run.config.update if rec.HasField("run") else rec.config.update if rec.HasField("config") else []
+        for item in items:
+            config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return config
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+def test_config_reaches_every_logger(tmp_path):
+    cfg = _cfg(tmp_path, "logger=wandb_csv", "critic=minilm", "decoding.beam_size=7", "task.max_prompts=11",
+               "task.filter.delta=0.25")
+    logger = build_logger(cfg.logger, config=cfg)
+    assert [type(lg).__name__ for lg in logger] == ["WandbLogger", "CSVLogger"]  # several loggers at once
+    tracker = Tracker(logger, tmp_path / "report")
+    tracker.log_metrics({"filter/n_kept": 3})
+    logger[1].save()
+    tracker.finish()
+    got = _offline_config(tmp_path)
+    assert got["decoding/beam_size"] == 7 and got["task/max_prompts"] == 11 and got["task/filter/delta"] == 0.25
+    assert got["critic/target_precision"] == 0.9 and got["model/name"] == str(cfg.model.name)
+    assert got["task/finetune/lr"] == cfg.task.finetune.lr
+    hparams = yaml.safe_load(next(tmp_path.glob("logs/version_*/hparams.yaml")).read_text())
+    assert hparams["decoding/beam_size"] == 7 and hparams["task/max_prompts"] == 11
+
+
+def test_logger_config_shapes(tmp_path):
+    assert build_logger(None) is None
+    cfg = _cfg(tmp_path, "logger=csv")
+    assert type(build_logger(cfg.logger)).__name__ == "CSVLogger"  # one logger: itself, not a list
+    both = build_logger([dict(cfg.logger), dict(cfg.logger, name="logs2")])
+    assert len(both) == 2
+    with pytest.raises(ValueError, match=r"logger\[0\].*_target_"):
+        build_logger([{"save_dir": str(tmp_path)}])
+    flat = flat_config(cfg)
+    assert "hydra" not in {k.split("/")[0] for k in flat} and flat["decoding/beam_size"] == cfg.decoding.beam_size
+
+
+def test_artifacts_are_opt_in(tmp_path):
+    cfg = _cfg(tmp_path, "logger=wandb")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "x.arrow").write_text("x")
+    tracker = Tracker(build_logger(cfg.logger))
+    assert not tracker.log_artifact("kept-iter0", tmp_path / "kept", "dataset")  # off by default
+    tracker.finish()
+    cfg = _cfg(tmp_path / "b", "logger=wandb", "logger.log_artifacts=true")
+    tracker = Tracker(build_logger(cfg.logger))
+    assert tracker.log_artifact("kept-iter0", tmp_path / "kept", "dataset")
+    tracker.finish()
+
+
+@pytest.mark.integration
+def test_iteration_logs_config_namespaced_hparams_and_progress(tmp_path, caplog):
+    from i2d2.recipes.generics import run
+
+    caplog.set_level(logging.INFO, logger="callbacks.tracking")
+    cfg = _cfg(tmp_path, "experiment=smoke", "logger=wandb_csv", "decoding.beam_size=3", "trainer.log_every_n_steps=1")
+    assert cfg.logger.wandb._target_.endswith("WandbLogger")  # the command line beats the preset's logger=none
+    run(cfg)
+    got = _offline_config(tmp_path)
+    assert got["decoding/beam_size"] == 3 and got["task/max_prompts"] == cfg.task.max_prompts
+    assert got["model/name"] == str(cfg.model.name)
+    # the fits' hparams under their own names: the fine-tuning's lr no longer overwrites the critic's
+    assert "lr" not in got and got["critic/lr"] == cfg.critic.lr
+    fits = {k.split("/")[1] for k in got if k.startswith("fit/") and k.endswith("/lr")}
+    assert "critic" in fits and len(fits) == 2, fits
+    finetune = next(f for f in fits if f != "critic")
+    assert got[f"fit/{finetune}/lr"] == cfg.task.finetune.lr != got["fit/critic/lr"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "callbacks.tracking"]
+    assert any(m.startswith("critic: epoch") for m in lines) and any(" step " in m for m in lines)
