@@ -121,8 +121,8 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
         write_json(tmp / "critic_meta.json", {
             "kind": "probe", "lm": cfg["probe_lm"], "layer": layer, "max_length": int(cfg["max_length"]), "C": C,
             "canonicalize": bool(cfg["canonicalize"]),
-            "best_score": ap, "monitor": "dev AP", "label_map": cfg.get("label_map"),
-            "fit_seconds": round(time.time() - t0, 1)})
+            # no timings here: the model folder's bytes are an input fingerprint (metrics.json has fit_seconds)
+            "best_score": ap, "monitor": "dev AP", "label_map": cfg.get("label_map")})
     log.info("critic probe: layer %d, C=%g (dev AP %.4f), %d features, %.0fs", layer, C, ap, X.shape[1],
              time.time() - t0)
     return time.time() - t0

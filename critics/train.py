@@ -143,7 +143,7 @@ def _save_best(cfg: dict, module, tok, ckpt, trainer, model_dir: Path, fit_s: fl
             "kind": "finetune", "name": cfg["name"], "valid_label_index": 1, "max_length": int(cfg["max_length"]),
             "canonicalize": bool(cfg["canonicalize"]),
             "best_score": None if ckpt.best_model_score is None else float(ckpt.best_model_score),
-            "monitor": cfg["monitor"], "epochs_trained": int(trainer.current_epoch), "fit_seconds": round(fit_s, 1),
+            "monitor": cfg["monitor"], "epochs_trained": int(trainer.current_epoch),  # no timings: these bytes are fingerprinted
             "label_map": label_mapping(cfg["label_map"]),
         })
 

@@ -577,7 +577,20 @@ def save_table(path: str | os.PathLike, table, max_shard_size: str = "500MB") ->
     ds = table if isinstance(table, datasets.Dataset) else datasets.Dataset(_nulls_as_strings(table))
     with atomic_dir(path) as tmp:
         ds.save_to_disk(str(tmp), max_shard_size=max_shard_size)
+        _content_fingerprint(tmp)
     return Path(path)
+
+
+def _content_fingerprint(folder: Path) -> None:
+    """Replace the ``_fingerprint`` that ``datasets`` drew at random for an in-memory table by a hash of the saved
+    Arrow files, so the same rows give the same folder bytes (a resumed run must equal an uninterrupted one)."""
+    state_path = Path(folder) / "state.json"
+    state = json.loads(state_path.read_text(encoding="utf-8"))
+    h = hashlib.sha256()
+    for f in state.get("_data_files", []):
+        h.update(file_digest(Path(folder) / f["filename"]).encode())
+    state["_fingerprint"] = h.hexdigest()[:16]
+    state_path.write_text(json.dumps(state, indent=2, sort_keys=True), encoding="utf-8")
 
 
 def read_table(path: str | os.PathLike, columns: list[str] | None = None):
