@@ -4,6 +4,7 @@ IGNORED (never the result of the computation, always different between two runs)
   * wall-clock numbers: keys ending in ``_s``/``_seconds`` or named ``fit_s``/``train_seconds``/``fit_seconds``
     (timings), ``*time*``/``started``/``finished`` (timestamps);
   * per-process bookkeeping: ``steps_this_session``, ``resumed_from`` (say whether/where *this* process resumed),
+    ``prompts_decoded_now``, ``shards_decoded``, ``shards_skipped`` (how much of the generation *this* process did),
     ``_LOCK.json`` (holder pid/host), ``_STARTED.json`` (a marker of the attempt, the fingerprint is in _DONE),
     ``report/timings.json`` (seconds per stage);
   * log folders: ``logs/``, ``lightning_logs/``, ``wandb/``, ``.hydra/``, ``*.log`` (timestamps, pids, paths);
@@ -21,7 +22,7 @@ import re
 from pathlib import Path
 
 IGNORED_KEYS = {"fit_s", "fit_seconds", "train_seconds", "steps_this_session", "resumed_from", "seconds",
-                "elapsed_s", "wall_s"}
+                "elapsed_s", "wall_s", "prompts_decoded_now", "shards_decoded", "shards_skipped"}
 IGNORED_PARTS = {"logs", "lightning_logs", "wandb", ".hydra", "checkpoints", "epochs"}
 IGNORED_NAMES = {"_LOCK.json", "_STARTED.json", ".i2d2.lock", "timings.json"}
 IGNORED_SUFFIXES = (".png", ".log", ".damaged", ".tmp", ".integrity.json", ".prev")
