@@ -112,6 +112,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    _remove_stale_siblings(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
@@ -129,6 +130,22 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_stale_siblings(path: Path) -> None:
+    """Remove what a killed ``atomic_dir`` left beside ``path``: temporary folders of dead processes (the pid is in
+    the name) and moved-aside old versions once ``path`` itself exists (their replacement finished)."""
+    import shutil
+
+    if not path.parent.is_dir():
+        return
+    for q in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = q.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(q, ignore_errors=True)
+    if path.exists():
+        for q in path.parent.glob(f".{path.name}.*.old"):
+            shutil.rmtree(q, ignore_errors=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:

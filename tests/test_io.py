@@ -261,3 +261,20 @@ def test_failed_checkpoint_save_surfaces_and_leaves_no_temp_file(tmp_path, monke
         cio.save_checkpoint({"state_dict": {"w": 1}}, path)
     assert path.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.ckpt.integrity.json"]
+
+
+def test_atomic_dir_removes_what_a_killed_writer_left(tmp_path):
+    import subprocess
+    import sys
+
+    from i2d2.io import atomic_dir
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".model.{dead.pid}.deadbeef.tmp"
+    stale.mkdir()
+    (stale / "weights.bin").write_bytes(b"half")
+    with atomic_dir(tmp_path / "model") as tmp:
+        (tmp / "weights.bin").write_bytes(b"whole")
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -114,6 +114,18 @@ def candidates(gen_rows: list[dict], first_sentence: bool = True, at_clause: boo
     return df.loc[df["text"].str.len() > 0].reset_index(drop=True)
 
 
+def _fingerprinted_cfg(name: str, stage_cfg: dict) -> dict:
+    """What of a filter's config decides its output: the contradiction scorer's cache folder is a location (often
+    under run_dir), not an input, and a cross-encoder block is irrelevant unless that scorer is chosen; fingerprinting
+    them would redo the stage after a run folder moves."""
+    if name != "contradiction":
+        return stage_cfg
+    cfg = {k: v for k, v in stage_cfg.items() if k != "cross_encoder"}
+    if stage_cfg.get("scorer") == "cross_encoder":
+        cfg["cross_encoder"] = {k: v for k, v in (stage_cfg.get("cross_encoder") or {}).items() if k != "dir"}
+    return cfg
+
+
 def _filter_stage(name: str, in_path: Path, out_dir: Path, fp_cfg, fn, tracker=None) -> dict:
     def body(d: Path):
         df = _df(in_path)
@@ -293,7 +305,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     prev = cand_path
     for s in FILTER_STAGES:
         t0 = time.time()
-        counts[s] = _filter_stage(s, prev, fdir / s, _plain(fcfg[s]), stage_fns[s], tracker)
+        counts[s] = _filter_stage(s, prev, fdir / s, _fingerprinted_cfg(s, _plain(fcfg[s])), stage_fns[s], tracker)
         timings[s] = time.time() - t0
         prev = fdir / s / "kept.jsonl"
 
