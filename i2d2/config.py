@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 from importlib.resources import files
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -139,3 +141,14 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
                               f"{CONF_DIR}; check the spelling). Known keys: "
                               + "; ".join(f"{s}: {', '.join(k for k in ks if f'{s}.{k}' not in bad)}"
                                           for s, ks in known.items() if any(b.startswith(s + '.') for b in bad)))
+
+
+def plain(node: Any) -> Any:
+    """A config node (DictConfig, ListConfig, or dicts/lists holding them) as resolved plain dicts and lists."""
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping):
+        return {k: plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [plain(v) for v in node]
+    return node

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from i2d2.config import plain
 from i2d2.io import DataError, atomic_dir, atomic_path, fingerprint, read_jsonl, read_table, write_arrow, write_json, \
     write_jsonl, write_text
 
@@ -60,17 +61,6 @@ def _rank_world(rank, world_size):
     if world_size is None:
         world_size = dist.get_world_size() if dist else 1
     return int(rank), int(world_size)
-
-
-def _plain(cfg) -> dict:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover
-        pass
-    return dict(cfg or {})
 
 
 def _constraint_names(cs_dict: dict) -> list[str | None]:
@@ -128,7 +118,7 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     rank, world = _rank_world(rank, world_size)
     dist = _dist()
     use_barrier = dist is not None and world == dist.get_world_size()
-    cfg = _plain(decoding_cfg)
+    cfg = dict(plain(decoding_cfg) or {})
     try:
         config = DecodingConfig(**cfg)
     except TypeError as e:

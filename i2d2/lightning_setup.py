@@ -26,24 +26,13 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
+from i2d2.config import plain  # noqa: F401  (re-exported: the recipes call lightning_setup.plain)
+
 log = logging.getLogger(__name__)
 
 # What a missing trainer config means (critic training called without one): Lightning's own defaults, one device.
 DEFAULT_TRAINER = {"_target_": "lightning.Trainer", "accelerator": "auto", "devices": 1}
 GPU_ACCELERATORS = ("gpu", "cuda")
-
-
-def plain(node: Any) -> Any:
-    """A config node (DictConfig, ListConfig, or dicts/lists holding them) as resolved plain dicts and lists."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, Mapping):
-        return {k: plain(v) for k, v in node.items()}
-    if isinstance(node, (list, tuple)):
-        return [plain(v) for v in node]
-    return node
 
 
 # ----------------------------------------------------------------------------- reading a trainer config
