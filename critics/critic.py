@@ -21,7 +21,7 @@ ID2LABEL = {0: "invalid", 1: "valid"}
 class CriticModule(L.LightningModule):
     def __init__(self, name: str = "packaged:minilm", lr: float = 5e-5, weight_decay: float = 0.01,
                  warmup_ratio: float = 0.1, target_recall: float = 0.8, dropout: float | None = None,
-                 model=None, tokenizer=None):
+                 total_steps: int = 1, model=None, tokenizer=None):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "tokenizer"])
         if model is None:
@@ -84,6 +84,8 @@ class CriticModule(L.LightningModule):
 
         opt = torch.optim.AdamW(adamw_param_groups(self.model.parameters(), self.hparams.weight_decay),
                                 lr=self.hparams.lr)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
+        # computed by the caller (lightning_setup.optimizer_steps): trainer.estimated_stepping_batches would
+        # stop Lightning from restoring the train loader's position on resume
+        total = max(1, int(self.hparams.total_steps))
         sched = get_linear_schedule_with_warmup(opt, int(self.hparams.warmup_ratio * total), total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -34,8 +34,8 @@ from critics.data import (Collator, LoadReport, StatementDataset, canonical_stat
                           load_annotations)
 from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
 from i2d2.io import atomic_dir, write_json, write_jsonl
-from i2d2.lightning_setup import (build_trainer, checkpoint_weights, full_weights, resolve_device,
-                                  resume_checkpoint)
+from i2d2.lightning_setup import (build_trainer, checkpoint_weights, full_weights, optimizer_steps, plain,
+                                  resolve_device, resume_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,9 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
     module = CriticModule(name=cfg["name"], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
                           warmup_ratio=float(cfg["warmup_ratio"]), target_recall=float(cfg["target_recall"]),
-                          dropout=cfg["dropout"])
+                          dropout=cfg["dropout"],
+                          total_steps=optimizer_steps(-(-len(train_idx) // int(cfg["batch_size"])), int(cfg["max_epochs"]),
+                                                      plain(trainer_cfg)))
     tok = module.tokenizer
     tok.padding_side = "right"
     collate = Collator(tok, int(cfg["max_length"]))

@@ -276,6 +276,20 @@ def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: st
 
 # ----------------------------------------------------------------------------- optimizer
 
+def optimizer_steps(batches_per_epoch: int, epochs: int, trainer_cfg: Mapping, accumulate: int | None = None,
+                    max_steps: int = -1) -> int:
+    """Optimizer steps a fit will take (``batches_per_epoch`` on one rank), for a learning-rate schedule.
+
+    Every module is given this before ``fit`` instead of asking ``trainer.estimated_stepping_batches``: that
+    property builds the train loader before a checkpoint is restored, and Lightning then never restores the
+    loader's position, so a resumed fit would replay the epoch from its first batch (i2d2/resume.py)."""
+    import math
+
+    accum = int(accumulate if accumulate is not None else trainer_cfg.get("accumulate_grad_batches", 1) or 1)
+    total = math.ceil(int(batches_per_epoch) / accum) * max(1, int(epochs))
+    return max(1, min(total, int(max_steps)) if int(max_steps) > 0 else total)
+
+
 def adamw_param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float, **group_opts) -> list[dict]:
     """AdamW parameter groups with the one no-decay rule: weight decay on matrices (projections, embeddings),
     none on vectors and scalars (biases, norm gains), whatever a model calls them. Frozen parameters are left

@@ -28,7 +28,7 @@ from torch.utils.data import Dataset
 
 from i2d2.io import atomic_dir
 from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
-                                  resume_checkpoint, world_size_of)
+                                  resume_checkpoint, world_size_of, optimizer_steps)
 from i2d2.resume import EpochProgress, ResumableBatchSampler, ResumeState, resumable_loader  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,19 @@ class SelfImitationModule(L.LightningModule):
         if self.lora_enabled:
             model = apply_lora(model, lora)
         self.model = model
+        # the last epoch's mean loss (weighted by batch size), kept in the checkpoint: a fit resumed after its last
+        # step runs no step, so Lightning's logged epoch mean would be missing from the summary
+        self.epoch_loss_sum, self.epoch_loss_n = torch.zeros(()), 0
+
+    def epoch_loss(self) -> float:
+        return float(self.epoch_loss_sum) / self.epoch_loss_n if self.epoch_loss_n else float("nan")
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["epoch_loss"] = {"sum": self.epoch_loss_sum.detach().cpu(), "n": self.epoch_loss_n}
+
+    def on_load_checkpoint(self, checkpoint):
+        if "epoch_loss" in checkpoint:
+            self.epoch_loss_sum, self.epoch_loss_n = checkpoint["epoch_loss"]["sum"], int(checkpoint["epoch_loss"]["n"])
 
     def forward(self, **batch):
         return self.model(**batch)
@@ -150,11 +163,15 @@ class SelfImitationModule(L.LightningModule):
 
     def on_train_epoch_start(self):
         self.model.train()
+        self.epoch_loss_sum, self.epoch_loss_n = torch.zeros((), device=self.device), 0
 
     def training_step(self, batch, batch_idx):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         # optimizer steps so far, as a metric: forked DDP ranks hand metrics (not the step count) back to the main process
         self.log("finetune/step", float(self.global_step + 1), on_step=True, on_epoch=False, reduce_fx="max", batch_size=1)
+        bs = batch["input_ids"].shape[0]
+        self.epoch_loss_sum = self.epoch_loss_sum.to(out.loss.device) + out.loss.detach().float() * bs
+        self.epoch_loss_n += bs
         n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
         self.log("finetune/loss", out.loss, prog_bar=True, on_step=True, on_epoch=True,
                  batch_size=batch["input_ids"].shape[0], sync_dist=False)
@@ -164,8 +181,7 @@ class SelfImitationModule(L.LightningModule):
     def configure_optimizers(self):
         opt = torch.optim.AdamW(adamw_param_groups(self.model.parameters(), self.hparams.weight_decay),
                                 lr=self.hparams.lr)
-        # Not trainer.estimated_stepping_batches: it builds the train loader before the checkpoint is restored,
-        # and Lightning then skips restoring the loader's position.
+        # total_steps from lightning_setup.optimizer_steps, never trainer.estimated_stepping_batches (see there)
         total = max(1, int(self.hparams.total_steps or 1))
         warmup = int(round(self.hparams.warmup_ratio * total))
         from transformers import get_linear_schedule_with_warmup
@@ -235,7 +251,11 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     module = SelfImitationModule(model, lr=float(cfg.get("lr", 5e-5)), weight_decay=float(cfg.get("weight_decay", 0.0)),
                                  warmup_ratio=float(cfg.get("warmup_ratio", 0.0)), lora=cfg.get("lora"),
                                  gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)),
-                                 total_steps=_total_steps(len(dm.examples), dm.batch_size, tc, cfg))
+                                 total_steps=optimizer_steps(
+                                     math.ceil(math.ceil(len(dm.examples) / world_size_of(tc)) / dm.batch_size),
+                                     int(cfg.get("epochs", 1)), tc,
+                                     accumulate=cfg.get("accumulate_grad_batches"),
+                                     max_steps=int(cfg.get("max_steps", -1))))
     torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
     trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress)
     resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)
@@ -245,7 +265,7 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     steps = max(int(trainer.global_step), int(float(trainer.callback_metrics.get("finetune/step", 0))))
     summary = {"n_train": len(dm.examples), "steps": steps, "epochs": int(trainer.current_epoch),
                "resumed_from": resume, "lora": module.lora_enabled,
-               "train_loss": float(trainer.callback_metrics.get("finetune/loss_epoch", float("nan")))}
+               "train_loss": module.epoch_loss()}
     with full_weights(trainer, module):  # ZeRO-3: every rank takes part in gathering the shards
         if trainer.is_global_zero:
             save_model(module.export_model(), tokenizer, model_out, meta={**(meta or {}), **summary})
@@ -255,14 +275,6 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
         # model_out holds the result; full-model checkpoints with optimizer state are ~4x the model's size
         shutil.rmtree(ckpt.dirpath, ignore_errors=True)
     return summary
-
-
-def _total_steps(n: int, batch_size: int, trainer_cfg: Mapping, cfg: Mapping) -> int:
-    per_rank = math.ceil(math.ceil(n / world_size_of(trainer_cfg)) / batch_size)
-    accum = int(cfg.get("accumulate_grad_batches", trainer_cfg.get("accumulate_grad_batches", 1)))
-    total = math.ceil(per_rank / accum) * int(cfg.get("epochs", 1))
-    max_steps = int(cfg.get("max_steps", -1))
-    return min(total, max_steps) if max_steps > 0 else total
 
 
 def save_model(model, tokenizer, path: str | Path, meta: Mapping | None = None) -> Path:

@@ -61,7 +61,7 @@ def test_critic_killed_mid_epoch_resumes_exactly(tmp_path, monkeypatch):
     small = tmp_path / "small.jsonl"
     small.write_text("".join((FIXTURES / "generics_seed_handwritten.jsonl").read_text().splitlines(keepends=True)[:120]))
     cfg = {"name": "tiny:roberta", "max_epochs": 2, "lr": 1e-3, "patience": 0, "batch_size": 16, "min_examples": 10,
-           "ckpt_every_n_steps": 1, "probes": False}
+           "ckpt_every_n_steps": 1, "probes": False, "keep_checkpoints": True}
     trainer_cfg = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1,
                    "enable_progress_bar": False, "enable_model_summary": False}
     ref = train_critic(cfg, [small], tmp_path / "a", trainer_cfg)
@@ -73,6 +73,10 @@ def test_critic_killed_mid_epoch_resumes_exactly(tmp_path, monkeypatch):
     monkeypatch.undo()
     res = train_critic(cfg, [small], tmp_path / "b", trainer_cfg)
     assert_same_safetensors(tmp_path / "a" / "model", tmp_path / "b" / "model")
+    # the final weights too: the saved model is the best epoch's, which may be the one before the kill
+    last_a, last_b = (torch.load(tmp_path / d / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+                      for d in ("a", "b"))
+    assert all(torch.equal(last_a[k], last_b[k]) for k in last_a), "final weights differ after resume"
     assert_same_numbers(ref, res, ignore={"fit_seconds", "model_dir", "pr_curve", "score_histogram"})
     for table in ("dev_scores.jsonl", "test_scores.jsonl", "split.json"):
         assert (tmp_path / "a" / table).read_bytes() == (tmp_path / "b" / table).read_bytes(), table
