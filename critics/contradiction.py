@@ -33,6 +33,8 @@ from typing import Sequence
 
 import numpy as np
 
+from i2d2.schemas import CrossEncoderConfig, fill
+
 log = logging.getLogger(__name__)
 
 
@@ -273,18 +275,13 @@ def rule_pairs(statements: Sequence[dict], scorer: ComparativeDirectionScorer, s
 
 # ----------------------------------------------------------------------------- the cross-encoder
 
-CROSS_ENCODER_DEFAULTS = dict(name="packaged:minilm", dir=None, statements=None, lr=3e-5, weight_decay=0.01,
-                              batch_size=16, max_length=64, max_epochs=1, max_steps=-1, val_fraction=0.1, seed=0)
 META = "contradiction_meta.json"
 
 
 def cross_encoder_config(cfg) -> dict:
-    cfg = dict(cfg or {})
-    unknown = sorted(set(cfg) - set(CROSS_ENCODER_DEFAULTS))
-    if unknown:
-        raise ValueError(f"task.filters.contradiction.cross_encoder: unknown key(s) {unknown}; "
-                         f"known: {sorted(CROSS_ENCODER_DEFAULTS)}")
-    return {**CROSS_ENCODER_DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k in ("dir", "statements")}}
+    """The cross-encoder settings, every key filled from i2d2.schemas.CrossEncoderConfig (unknown keys are an
+    error naming them)."""
+    return fill(CrossEncoderConfig, cfg, where="task.filters.contradiction.cross_encoder")
 
 
 def source_statements(paths: Sequence[str | Path] | None) -> list[dict]:

@@ -34,6 +34,7 @@ from critics.data import (Collator, LoadReport, StatementDataset, canonical_stat
                           load_annotations)
 from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
 from i2d2.io import atomic_dir, write_json, write_jsonl
+from i2d2.schemas import CriticConfig, fill
 from i2d2.lightning_setup import (build_trainer, checkpoint_weights, full_weights, optimizer_steps, plain,
                                   resolve_device, resume_checkpoint)
 
@@ -41,24 +42,10 @@ log = logging.getLogger(__name__)
 
 KINDS = ("finetune", "probe")
 
-DEFAULTS = dict(
-    kind="finetune", probe_lm="packaged:gemma3-270m", probe_layer=12, probe_C=[0.001, 0.003, 0.01, 0.03, 0.1],
-    name="packaged:minilm", lr=5e-5, weight_decay=0.01, warmup_ratio=0.1, dropout=None, batch_size=16,
-    eval_batch_size=64, max_epochs=10, patience=3, max_length=64, dev_fraction=0.15, test_fraction=0.2, seed=0,
-    target_recall=0.8, target_precision=0.9, delta=None, monitor="val/p_at_r", label_map=None,
-    on_error="raise", min_agreement=0.5, min_examples=20, keep_checkpoints=False,
-    perplexity_batch_size=16, perplexity_per="word", probes=True, probe_warn_shift=0.1, complete_only=False,
-    canonicalize=False, ckpt_every_n_steps=50,
-)
-
-
 def critic_config(cfg_critic) -> dict:
-    """The critic config as a plain dict with every training key filled in (unknown keys are an error)."""
-    cfg = OmegaConf.to_container(cfg_critic, resolve=True) if isinstance(cfg_critic, DictConfig) else dict(cfg_critic or {})
-    unknown = sorted(set(cfg) - set(DEFAULTS) - {"seed_annotations", "_target_"})
-    if unknown:
-        raise ValueError(f"critic config: unknown key(s) {unknown}; known: {sorted(DEFAULTS)}")
-    out = {**DEFAULTS, **{k: v for k, v in cfg.items() if not (k in DEFAULTS and v is None and DEFAULTS[k] is not None)}}
+    """The critic config as a plain dict, every key filled from i2d2.schemas.CriticConfig (unknown keys and
+    wrong types are an error naming the key)."""
+    out = fill(CriticConfig, cfg_critic, where="critic")
     if out["kind"] not in KINDS:
         raise ValueError(f"critic.kind must be one of {KINDS}, got {out['kind']!r}")
     return out

@@ -56,6 +56,10 @@ def register_resolvers() -> None:
 
 register_resolvers()
 
+from i2d2 import schemas  # noqa: E402  (typed defaults: decoding, critic, fine-tuning, NegVerse)
+
+schemas.register()
+
 
 def setup_run(cfg) -> None:
     """Process-wide settings every entry point wants: seeds, quiet libraries, offline hubs."""
@@ -112,17 +116,45 @@ def _unknown_keys(node, schema: dict, where: str) -> list[str]:
     return out
 
 
-CHECKED_SECTIONS = ("task.filter", "task.finetune", "decoding")
+# sections without a structured config (i2d2/schemas.py types the others at composition)
+CHECKED_SECTIONS = ("task.filter",)
+
+
+def _typed_unknown_keys(node, where: str, out: dict) -> None:
+    """Keys of config nodes typed by an i2d2.schemas dataclass that the dataclass does not define (``+key=...``
+    on the command line adds them past Hydra's own check): {section: (unknown, known)}."""
+    import dataclasses
+
+    from omegaconf import DictConfig
+
+    if not isinstance(node, DictConfig):
+        return
+    kind = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(kind):
+        known = [f.name for f in dataclasses.fields(kind)]
+        extra = [k for k in node.keys() if k not in known]
+        if extra:
+            out[where] = (extra, known)
+    for k in node.keys():
+        child = node._get_node(k)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            _typed_unknown_keys(child, f"{where}.{k}" if where else str(k), out)
 
 
 def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
-    """Reject, naming the key, any key under ``sections`` that no shipped config of that section defines.
+    """Reject, naming the key, any key that nothing reads, at start-up before any model loads.
 
-    The shipped YAML files are the schema (every key a stage reads has a documented default there), so the
-    check needs no list kept by hand; a ``task.*`` section is checked against the task files with the same
-    ``task.recipe``, and skipped for a recipe no shipped file uses. Runs at start-up, before any model loads."""
+    Sections typed by a structured config (i2d2/schemas.py) are checked against their dataclass (Hydra refuses a
+    misspelt override; this catches ``+key=`` additions too). The untyped ``sections`` are checked against the
+    shipped YAML files (every key a stage reads has a documented default there), a ``task.*`` section against the
+    task files with the same ``task.recipe``, and skipped for a recipe no shipped file uses."""
     recipe = OmegaConf.select(cfg, "task.recipe")
-    bad = []
+    bad, known = [], {}
+    typed: dict = {}
+    _typed_unknown_keys(cfg, "", typed)
+    for where, (extra, fields_) in typed.items():
+        bad += [f"{where}.{k}" for k in extra]
+        known[where] = fields_
     for section in sections:
         node = OmegaConf.select(cfg, section)
         if node is None:
@@ -133,14 +165,14 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
             schema = schema.get(part) if isinstance(schema, dict) else None
         if not schema:
             continue
-        bad += _unknown_keys(OmegaConf.to_container(node, resolve=False), schema, section)
+        found = _unknown_keys(OmegaConf.to_container(node, resolve=False), schema, section)
+        if found:
+            bad += found
+            known[section] = [k for k in OmegaConf.to_container(node, resolve=False) if f"{section}.{k}" not in found]
     if bad:
-        known = {s: sorted(OmegaConf.to_container(OmegaConf.select(cfg, s), resolve=False)) for s in sections
-                 if OmegaConf.select(cfg, s) is not None}
-        raise UnknownKeyError(f"unknown config key(s): {', '.join(bad)} (not defined by any shipped config under "
-                              f"{CONF_DIR}; check the spelling). Known keys: "
-                              + "; ".join(f"{s}: {', '.join(k for k in ks if f'{s}.{k}' not in bad)}"
-                                          for s, ks in known.items() if any(b.startswith(s + '.') for b in bad)))
+        raise UnknownKeyError(f"unknown config key(s): {', '.join(bad)} (not defined by i2d2/schemas.py or any shipped "
+                              f"config under {CONF_DIR}; check the spelling). Known keys: "
+                              + "; ".join(f"{s}: {', '.join(ks)}" for s, ks in known.items()))
 
 
 def plain(node: Any) -> Any:

@@ -83,8 +83,11 @@ class InputError(ValueError):
 
 def negation_options(args) -> tuple[dict, dict]:
     """(options for pipeline.negate, where each came from): command line > the adapter's saved task
-    config > pipeline.DEFAULTS (only for an adapter saved without one)."""
-    from i2d2.negverse.pipeline import DEFAULTS, saved_options
+    config > i2d2.schemas.NegationOptions (only for an adapter saved without one)."""
+    from i2d2.negverse.pipeline import saved_options
+    from i2d2.schemas import NegationOptions, defaults
+
+    DEFAULTS = defaults(NegationOptions)
 
     saved = saved_options(args.adapter)
     opts, source = {}, {}

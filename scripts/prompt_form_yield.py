@@ -52,7 +52,9 @@ def main(argv=None):
 
     import numpy as np
     from critics.data import grouped_split3, load_annotations
-    from critics.train import DEFAULTS
+    from i2d2.schemas import CriticConfig, defaults
+
+    DEFAULTS = defaults(CriticConfig)
 
     rows = load_annotations([args.labels])
     y = np.array([r["y"] for r in rows])
@@ -60,7 +62,7 @@ def main(argv=None):
                                  DEFAULTS["seed"])
     choose = [rows[i] for i in np.r_[tr, dev]]
     confirm = [rows[i] for i in te]
-    result = {"labels": args.labels, "split": "critics.data.grouped_split3 with critics.train.DEFAULTS",
+    result = {"labels": args.labels, "split": "critics.data.grouped_split3 with i2d2.schemas.CriticConfig defaults",
               "choose": {"n": len(choose)}, "confirm": {"n": len(confirm)}}
     for name, part in (("choose", choose), ("confirm", confirm)):
         nouns = [r for r in part if r.get("kind") == "noun"]

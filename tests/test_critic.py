@@ -188,7 +188,9 @@ def tiny_critic(tmp_path_factory):
     from i2d2.models import tiny_model
 
     out = tmp_path_factory.mktemp("critic")
-    cfg = OmegaConf.load(ANNOTATION_DIR.parents[2] / "conf" / "critic" / "minilm.yaml")
+    from i2d2.schemas import CriticConfig
+
+    cfg = OmegaConf.structured(CriticConfig)  # the shipped defaults (conf/critic/minilm.yaml adds nothing else)
     cfg.merge_with({"name": "tiny:roberta", "max_epochs": 3, "lr": 1e-3, "patience": 0, "batch_size": 32})
     trainer_cfg = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1,
                    "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 2}

@@ -40,7 +40,9 @@ def test_no_surface_cue_exists_only_in_the_training_split():
     """A surface-only classifier fit on the critic's training split must not do much better there (out of fold,
     grouped by concept) than on the test split: a larger gap is a cue (adverb, article, length, comma, prompt type,
     relation) of the training labels alone."""
-    from critics.train import DEFAULTS
+    from i2d2.schemas import CriticConfig, defaults
+
+    DEFAULTS = defaults(CriticConfig)
 
     from i2d2.filtering import ends_sentence
 

@@ -79,12 +79,18 @@ def cfg(**kw):
 PROMPTS = ["Compared to cars, bicycles", "A dog is", "Typically, birds", "Water is"]
 
 
-def test_config_from_yaml_keys():
-    import yaml
+def test_decoding_presets_compose_to_the_papers_settings():
+    from hydra import compose, initialize_config_dir
 
-    d = yaml.safe_load(Path(__file__).parents[1].joinpath("conf/decoding/i2d2.yaml").read_text())
-    c = DecodingConfig(**d)
-    assert c.beam_size == 10 and c.length_penalty == 0.1 and c.prune_factor == 50
+    from i2d2.config import CONF_DIR
+    from i2d2.lightning_setup import plain
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        i2d2 = DecodingConfig(**plain(compose("decoding/i2d2").decoding))
+        nc = DecodingConfig(**plain(compose("decoding/comparatives").decoding))
+    assert (i2d2.beam_size, i2d2.num_return, i2d2.length_penalty, i2d2.prune_factor) == (10, 10, 0.1, 50)
+    assert (nc.beam_size, nc.no_repeat_ngram_size, nc.beta, nc.sat_tolerance) == (15, 3, 1.25, 3)
+    assert i2d2.stop_strings == nc.stop_strings == [".", "!", "?", "\n"]
 
 
 def test_constraint_set_roundtrip():

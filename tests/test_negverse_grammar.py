@@ -105,7 +105,9 @@ def test_negate_empty_or_unreadable_input_is_an_error_naming_the_file(tmp_path, 
 
 def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, capsys):
     from i2d2.negate import main, negation_options, parse_args
-    from i2d2.negverse.pipeline import DEFAULTS
+    from i2d2.schemas import NegationOptions, defaults
+
+    DEFAULTS = defaults(NegationOptions)
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from i2d2.io import atomic_dir
 from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
                                   resume_checkpoint, world_size_of, optimizer_steps)
+from i2d2.schemas import FinetuneConfig, LoraConfig as LoraSettings, fill
 from i2d2.resume import EpochProgress, ResumableBatchSampler, ResumeState, resumable_loader  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -199,13 +200,13 @@ class SelfImitationModule(L.LightningModule):
 def apply_lora(model, lora: Mapping):
     from peft import LoraConfig, get_peft_model
 
-    target = lora.get("target_modules")
+    lora = fill(LoraSettings, lora, where="task.finetune.lora")
+    target = lora["target_modules"]
     if target is not None and not isinstance(target, str):
         target = list(target)
     try:
-        cfg = LoraConfig(task_type="CAUSAL_LM", r=int(lora.get("r", 8)), lora_alpha=int(lora.get("alpha", 16)),
-                         lora_dropout=float(lora.get("dropout", 0.05)), target_modules=target,
-                         bias=str(lora.get("bias", "none")))
+        cfg = LoraConfig(task_type="CAUSAL_LM", r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                         target_modules=target, bias=lora["bias"])
         return get_peft_model(model, cfg)
     except ValueError as e:
         raise ValueError(f"task.finetune.lora: cannot apply LoRA to {type(model).__name__}: {e}. "
@@ -219,13 +220,13 @@ def finetune_trainer(trainer_cfg: Mapping, cfg: Mapping, work_dir: str | Path, l
     """The Trainer of one fine-tuning (through ``i2d2.lightning_setup.build_trainer``) and its checkpoint callback:
     ``last.ckpt`` every ``ckpt_every_n_steps`` optimizer steps (a directory under DeepSpeed); ``progress``: the
     data module's, counted by ``ResumeState`` (exact resume, i2d2/resume.py)."""
+    cfg = fill(FinetuneConfig, cfg, where="task.finetune")
     ckpt = ModelCheckpoint(dirpath=Path(work_dir) / "checkpoints", filename="step{step}", save_last=True,
-                           save_top_k=0, every_n_train_steps=max(1, int(cfg.get("ckpt_every_n_steps", 50))),
+                           save_top_k=0, every_n_train_steps=max(1, cfg["ckpt_every_n_steps"]),
                            save_on_train_epoch_end=True, auto_insert_metric_name=False)
-    accumulate = cfg.get("accumulate_grad_batches", plain(trainer_cfg).get("accumulate_grad_batches", 1))
-    trainer = build_trainer(trainer_cfg, micro_batch=int(cfg.get("batch_size", 8)),
-                            max_epochs=int(cfg.get("epochs", 1)), max_steps=int(cfg.get("max_steps", -1)),
-                            accumulate_grad_batches=int(accumulate), default_root_dir=str(work_dir),
+    trainer = build_trainer(trainer_cfg, micro_batch=cfg["batch_size"], max_epochs=cfg["epochs"],
+                            max_steps=cfg["max_steps"], accumulate_grad_batches=cfg["accumulate_grad_batches"],
+                            default_root_dir=str(work_dir),
                             use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
                             enable_model_summary=False, logger=logger if logger is not None else False,
                             callbacks=[*callbacks, ResumeState(progress), ckpt])
@@ -237,25 +238,23 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
              meta: Mapping | None = None) -> dict:
     """Fine-tune ``model`` on kept rows (prompt, generation) and save it to ``model_out`` (save_pretrained).
 
-    ``cfg``: lr, epochs, max_steps, batch_size, accumulate_grad_batches, max_length, weight_decay,
-    warmup_ratio, ckpt_every_n_steps, gradient_checkpointing, keep_checkpoints,
-    lora{enabled, r, alpha, dropout, target_modules}.
+    ``cfg``: i2d2.schemas.FinetuneConfig keys (missing ones take its defaults).
     Resumes from ``work_dir/checkpoints/last.ckpt`` when present (a directory under DeepSpeed); the checkpoints
     are removed once the model is saved unless ``keep_checkpoints``. Returns a summary dict.
     """
     work_dir, model_out = Path(work_dir), Path(model_out)
     tc = plain(trainer_cfg)
     check_trainer_cfg(tc)
-    dm = SelfImitationDataModule(rows, tokenizer, batch_size=int(cfg.get("batch_size", 8)),
-                                 max_length=int(cfg.get("max_length", 64)), seed=seed)
-    module = SelfImitationModule(model, lr=float(cfg.get("lr", 5e-5)), weight_decay=float(cfg.get("weight_decay", 0.0)),
-                                 warmup_ratio=float(cfg.get("warmup_ratio", 0.0)), lora=cfg.get("lora"),
-                                 gradient_checkpointing=bool(cfg.get("gradient_checkpointing", False)),
+    cfg = fill(FinetuneConfig, cfg, where="task.finetune")
+    dm = SelfImitationDataModule(rows, tokenizer, batch_size=cfg["batch_size"], max_length=cfg["max_length"],
+                                 seed=seed)
+    module = SelfImitationModule(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
+                                 warmup_ratio=cfg["warmup_ratio"], lora=cfg["lora"],
+                                 gradient_checkpointing=cfg["gradient_checkpointing"],
                                  total_steps=optimizer_steps(
                                      math.ceil(math.ceil(len(dm.examples) / world_size_of(tc)) / dm.batch_size),
-                                     int(cfg.get("epochs", 1)), tc,
-                                     accumulate=cfg.get("accumulate_grad_batches"),
-                                     max_steps=int(cfg.get("max_steps", -1))))
+                                     cfg["epochs"], tc, accumulate=cfg["accumulate_grad_batches"],
+                                     max_steps=cfg["max_steps"]))
     torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
     trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress)
     resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)
@@ -271,7 +270,7 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
             save_model(module.export_model(), tokenizer, model_out, meta={**(meta or {}), **summary})
     if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
-    if trainer.is_global_zero and not cfg.get("keep_checkpoints", False):
+    if trainer.is_global_zero and not cfg["keep_checkpoints"]:
         # model_out holds the result; full-model checkpoints with optimizer state are ~4x the model's size
         shutil.rmtree(ckpt.dirpath, ignore_errors=True)
     return summary

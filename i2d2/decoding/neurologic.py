@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from i2d2.schemas import DecodingConfig
+
 from .compile import DEAD, NO_EVENT, OTHER, Compiled, compile_batch
 from .constraints import ConstraintError, ConstraintSet, validate
 from .vocab import token_tables
@@ -39,38 +41,6 @@ from .vocab import token_tables
 NEG = float("-inf")
 _KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tokens first among lookahead tokens
 STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done (the only sync in the loop)
-
-
-@dataclass
-class DecodingConfig:
-    """``num_return`` may exceed ``beam_size``: hypotheses ended by EOS / a stop string are pooled from every
-    step, and at ``max_new_tokens`` up to ``max(beam_size, num_return)`` of the last step's candidates are
-    kept, so fewer than ``num_return`` come back only when fewer distinct valid candidates exist."""
-
-    beam_size: int = 10
-    num_return: int = 10
-    max_new_tokens: int = 30
-    min_new_tokens: int = 2
-    length_penalty: float = 0.1
-    no_repeat_ngram_size: int = 0
-    prune_factor: int = 50
-    sat_tolerance: int = 2
-    beta: float = 0.0
-    block_eos_until_satisfied: bool = True
-    early_stopping: bool = True
-    batch_size: int = 8
-    candidates_per_beam: int | None = None  # top tokens per hypothesis (default 2 * beam_size)
-    lookahead: int | None = None  # lookahead tokens per hypothesis (default beam_size)
-    # A hypothesis also ends after a token whose text contains one of these (e.g. "." so that a generic or a
-    # comparative is one sentence); it is subject to min_new_tokens and EOS blocking like EOS itself.
-    stop_strings: list | None = None
-
-    def __post_init__(self):
-        for k in ("beam_size", "num_return", "max_new_tokens", "batch_size", "prune_factor"):
-            if int(getattr(self, k)) < 1:
-                raise ValueError(f"DecodingConfig.{k} must be >= 1, got {getattr(self, k)!r}")
-        if self.min_new_tokens < 0 or self.sat_tolerance < 0 or self.no_repeat_ngram_size < 0:
-            raise ValueError("DecodingConfig: min_new_tokens, sat_tolerance, no_repeat_ngram_size must be >= 0")
 
 
 @dataclass

@@ -11,12 +11,11 @@ from tqdm import tqdm
 from i2d2.negverse.filters import apply_filters
 from i2d2.negverse.formatting import build_prompt, parse_answers
 from i2d2.negverse.masking import RULES, fill_blanks, mask_variants
+from i2d2.schemas import NegationOptions, defaults, fill
 
-# Fallbacks for an adapter saved without its task config; an adapter trained by the recipe carries its
-# own (negverse.json 'task': generate / masking / filters), which ``saved_options`` reads.
-DEFAULTS = dict(num_candidates=4, batch_size=8, max_new_tokens=32, do_sample=True, top_p=0.9, temperature=0.8,
-                rules=list(RULES), max_blanks=2, max_variants=6, min_two_blank=1, max_distance=0.5,
-                max_len_ratio=2.0, require_cue=True, grammar=True, seed=0)
+# Every option and its default: i2d2.schemas.NegationOptions (the recipe's generate / masking / filters sections);
+# an adapter trained by the recipe carries its own values (negverse.json 'task'), which ``saved_options`` reads.
+KNOWN_OPTIONS = frozenset(defaults(NegationOptions))
 
 
 def saved_options(adapter_dir: str | Path) -> dict:
@@ -27,7 +26,7 @@ def saved_options(adapter_dir: str | Path) -> dict:
                                 f"train one with `python -m i2d2.train task=negverse`")
     task = json.loads(meta_path.read_text()).get("task") or {}
     opts = {**(task.get("generate") or {}), **(task.get("masking") or {}), **(task.get("filters") or {})}
-    return {k: v for k, v in opts.items() if k in DEFAULTS}
+    return {k: v for k, v in opts.items() if k in KNOWN_OPTIONS}
 
 
 def candidates(lm, nlp, sentences: list[str], num_candidates: int = 4, batch_size: int = 8,
@@ -67,12 +66,10 @@ def candidates(lm, nlp, sentences: list[str], num_candidates: int = 4, batch_siz
 
 def negate(lm, nlp, detector, sentences: list[str], **cfg) -> tuple[list[dict], list[dict], dict]:
     """Generate and filter; returns (kept, dropped, stats)."""
-    unknown = set(cfg) - set(DEFAULTS) - {"progress"}
-    if unknown:
-        raise ValueError(f"unknown negation option(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     if not sentences:
         raise ValueError("negate: no sentences to negate")
-    c = {**DEFAULTS, **cfg}
+    progress = cfg.pop("progress", True)
+    c = {**fill(NegationOptions, cfg, where="negation options"), "progress": progress}
     t0 = time.time()
     rows = candidates(lm, nlp, sentences, num_candidates=c["num_candidates"], batch_size=c["batch_size"],
                       max_new_tokens=c["max_new_tokens"], do_sample=c["do_sample"], top_p=c["top_p"],

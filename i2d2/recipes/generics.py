@@ -78,6 +78,7 @@ def _get(cfg, dotted: str, default=None):
 def check_config(cfg: DictConfig) -> None:
     """Fail before any work, naming the field, for settings the loop cannot run."""
     from i2d2.lightning_setup import check_trainer_cfg
+    from i2d2.schemas import DecodingConfig
 
     def need(cond, field, msg):
         if not cond:
@@ -99,19 +100,16 @@ def check_config(cfg: DictConfig) -> None:
          f"must be null (use the critic's δ) or a number in [0, 1), got {d!r}")
     need(_get(t, "filter.truncate", "sentence") in ("none", "newline", "sentence"), "task.filter.truncate",
          f"must be none, newline or sentence, got {_get(t, 'filter.truncate')!r}")
+    # types and key names: i2d2/schemas.py (checked at composition); here the ranges
     ft = t.finetune
-    need(isinstance(ft.get("lr"), (int, float)) and ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.get('lr')!r}")
+    need(ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.lr!r}")
     for key in ("epochs", "batch_size", "accumulate_grad_batches", "max_length", "ckpt_every_n_steps"):
-        v = ft.get(key)
-        need(isinstance(v, int) and v >= 1, f"task.finetune.{key}", f"must be an integer >= 1, got {v!r}")
-    need(isinstance(ft.get("max_steps", -1), int), "task.finetune.max_steps", "must be an integer (-1: no limit)")
-    lora = ft.get("lora") or {}
-    need(isinstance(lora.get("enabled", False), bool), "task.finetune.lora.enabled", "must be true or false")
-    if lora.get("enabled"):
-        need(isinstance(lora.get("r"), int) and lora.r >= 1, "task.finetune.lora.r", f"must be an integer >= 1, got {lora.get('r')!r}")
-    for key in ("beam_size", "num_return", "max_new_tokens"):
-        v = cfg.decoding.get(key)
-        need(isinstance(v, int) and v >= 1, f"decoding.{key}", f"must be an integer >= 1, got {v!r}")
+        need(ft[key] >= 1, f"task.finetune.{key}", f"must be >= 1, got {ft[key]!r}")
+    need(not ft.lora.enabled or ft.lora.r >= 1, "task.finetune.lora.r", f"must be >= 1, got {ft.lora.r!r}")
+    try:
+        DecodingConfig(**OmegaConf.to_container(cfg.decoding, resolve=True))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"decoding.{e}") from None
     try:
         check_trainer_cfg(OmegaConf.to_container(cfg.trainer, resolve=True))
     except RuntimeError as e:
