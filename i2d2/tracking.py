@@ -9,11 +9,16 @@ W&B logger config (opt-in) uploads kept sets and models as W&B artifacts.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+log = logging.getLogger(__name__)
 
 ARTIFACTS_KEY = "log_artifacts"  # ours, not a Lightning logger argument: taken out before instantiation
 
@@ -133,3 +138,44 @@ class Tracker:
             import wandb
 
             wandb.finish()
+
+
+# ----------------------------------------------------------------------------- the recipe skeleton's tracking
+
+@contextmanager
+def tracked_run(cfg, out_dir: str | Path | None, *, loggers: bool = True) -> Iterator[Tracker]:
+    """The tracker of one recipe run (every recipe opens it the same way): ``cfg.logger``'s loggers with the
+    resolved config logged to each, tables/images written under ``out_dir`` when W&B is off, and W&B finished
+    on the way out, after an error too. ``loggers=False`` (a rank that does not log) gives a Tracker with none."""
+    tracker = Tracker(build_logger(cfg.get("logger"), config=cfg) if loggers else None, out_dir)
+    try:
+        yield tracker
+    finally:
+        tracker.finish()
+
+
+def scalars(summary: Mapping, prefix: str = "") -> dict[str, float]:
+    """The numbers of a nested summary as flat ``prefix/a/b`` metrics (booleans, strings and None left out)."""
+    out: dict[str, float] = {}
+    for k, v in summary.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(scalars(v, key))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[key] = float(v)
+    return out
+
+
+def publish_report(out_dir: str | Path, summary: Mapping, markdown: str, tracker: Tracker | None = None,
+                   prefix: str = "report") -> Path:
+    """Every recipe's end: ``report.json`` (the numbers) and ``report.md`` (for a person) in ``out_dir``, written
+    atomically; the numbers to every logger under ``prefix/``; the report's path in the log."""
+    from i2d2.io import write_json, write_text
+
+    out_dir = Path(out_dir)
+    write_json(out_dir / "report.json", summary)
+    path = write_text(out_dir / "report.md", markdown)
+    if tracker is not None:
+        tracker.log_metrics(scalars(summary, prefix))
+    log.info("report: %s", path)
+    return path

@@ -125,3 +125,24 @@ def test_iteration_logs_config_namespaced_hparams_and_progress(tmp_path, caplog)
     assert got[f"fit/{finetune}/lr"] == cfg.task.finetune.lr != got["fit/critic/lr"]
     lines = [r.getMessage() for r in caplog.records if r.name == "callbacks.tracking"]
     assert any(m.startswith("critic: epoch") for m in lines) and any(" step " in m for m in lines)
+
+
+@pytest.mark.parametrize("task", ["cmp", "negverse", "comparatives"])
+def test_every_recipe_opens_the_same_tracker(tmp_path, task):
+    """The recipe skeleton (i2d2.tracking.tracked_run): each task's resolved config reaches its loggers, and the
+    tracker is closed after an error; publish_report writes report.json / report.md and logs the numbers."""
+    from i2d2.tracking import publish_report, tracked_run
+
+    cfg = _cfg(tmp_path, f"task={task}", "logger=csv")
+    with pytest.raises(RuntimeError, match="boom"):
+        with tracked_run(cfg, tmp_path / "out") as tracker:
+            publish_report(tmp_path / "out", {"n": 3, "nested": {"p": 0.5, "name": "x"}, "flag": True}, "# r\n",
+                           tracker, prefix=task)
+            tracker.logger.save()
+            raise RuntimeError("boom")
+    hparams = yaml.safe_load(next(tmp_path.glob("logs/version_*/hparams.yaml")).read_text())
+    assert hparams["task/name"] == task and hparams["run_dir"] == str(tmp_path)
+    metrics = (next(tmp_path.glob("logs/version_*/metrics.csv"))).read_text()
+    assert f"{task}/n" in metrics and f"{task}/nested/p" in metrics and "flag" not in metrics
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["n"] == 3
+    assert (tmp_path / "out" / "report.md").read_text() == "# r\n"

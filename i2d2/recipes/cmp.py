@@ -32,7 +32,7 @@ from i2d2.io import atomic_dir, fingerprint, model_fingerprint, read_jsonl, run_
     write_text
 from i2d2.lightning_setup import build_trainer, checkpoint_weights, full_weights, resume_checkpoint
 from i2d2.models import load_seq2seq
-from i2d2.tracking import Tracker, build_logger
+from i2d2.tracking import Tracker, publish_report, tracked_run
 
 log = logging.getLogger(__name__)
 PROMPT_RESERVE = 64  # source tokens kept for the prompt and question; the rest is split over D1 and D2
@@ -326,9 +326,13 @@ def run(cfg: DictConfig) -> dict:
         raise ValueError(f"task.tasks must be a non-empty subset of {list(TASKS)}, got {list(t.tasks)}")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    logger = build_logger(cfg.logger)
-    tracker = Tracker(logger, run_dir)
     write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    with tracked_run(cfg, run_dir) as tracker:
+        return _run(cfg, run_dir, tracker)
+
+
+def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
+    t, logger = cfg.task, tracker.logger
 
     corpus = resolve_path(cfg.data.corpus) or BUNDLED / "corpus.jsonl"
     quints = cut_documents(load_quintuples(corpus, check_links=bool(cfg.data.check_links)), int(t.segment_sentences))
@@ -359,8 +363,6 @@ def run(cfg: DictConfig) -> dict:
         fp_ds = fingerprint(fp_pre, _container(t.downstream), _container(cfg.data.downstream))
         summary["downstream"] = run_stage(run_dir / "downstream", fp_ds,
                                           lambda d: downstream(cfg, model_dir, d, tracker), "downstream")
-    write_json(run_dir / "report.json", summary)
-    write_text(run_dir / "report.md", _report(summary))
-    log.info("CMP report: %s\n%s", run_dir / "report.md", _report(summary))
-    tracker.finish()
+    publish_report(run_dir, summary, _report(summary), tracker, prefix="cmp")
+    log.info("CMP report:\n%s", _report(summary))
     return summary

@@ -31,6 +31,7 @@ from i2d2.comparatives.metrics import corpus_metrics, fmt
 from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows, select_passes
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
+from i2d2.tracking import publish_report
 from i2d2.io import DataError, fingerprint, in_run, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
     write_jsonl, write_text
 
@@ -362,7 +363,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         samples = best[cols].head(int(task.samples))
     if tracker is not None and len(samples):
         tracker.log_table("comparatives/samples", cols, samples.values.tolist())
-    write_text(it / "report.md", _report(k, prompts, counts, metrics, samples, qa[:5]))
+    publish_report(it, metrics, _report(k, prompts, counts, metrics, samples, qa[:5]), tracker, prefix="comparatives")
     log.info("comparatives iteration %d: %s", k, {s: c.get("out") for s, c in counts.items()})
     return metrics
 
@@ -412,13 +413,8 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
 
 
 def run(cfg) -> dict:
-    from i2d2.tracking import Tracker, build_logger
+    from i2d2.tracking import tracked_run
 
-    tracker = Tracker(build_logger(cfg.get("logger")), Path(cfg.run_dir))
-    out = {}
-    try:
-        for k in range(int(cfg.iteration), int(cfg.iteration) + int(cfg.num_iterations)):
-            out[k] = run_iteration(cfg, k, tracker)
-    finally:
-        tracker.finish()
-    return out
+    with tracked_run(cfg, Path(cfg.run_dir)) as tracker:
+        return {k: run_iteration(cfg, k, tracker)
+                for k in range(int(cfg.iteration), int(cfg.iteration) + int(cfg.num_iterations))}

@@ -739,7 +739,7 @@ def _iteration_cfg(cfg: DictConfig, k: int) -> DictConfig:
 
 
 def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
-    from i2d2.tracking import Tracker, build_logger
+    from i2d2.tracking import tracked_run
 
     cfg = _iteration_cfg(cfg, k)
     it_dir = Path(cfg.run_dir) / f"iter_{k}"
@@ -747,10 +747,13 @@ def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
     if ranks.zero:
         it_dir.mkdir(parents=True, exist_ok=True)
         write_text(it_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    t0 = time.time()
     # every logger gets the resolved config (decoding, task, model, critic keys), namespaced apart from the fits' hparams
-    logger = build_logger(cfg.logger, config=cfg) if ranks.zero or ranks.mode == "subprocess" else None
-    tracker = Tracker(logger, it_dir / "report") if ranks.zero else None
+    with tracked_run(cfg, it_dir / "report", loggers=ranks.zero or ranks.mode == "subprocess") as tracking:
+        return _iteration(cfg, k, ranks, it_dir, generator, tracking.logger, tracking if ranks.zero else None)
+
+
+def _iteration(cfg: DictConfig, k: int, ranks: Ranks, it_dir: Path, generator: str, logger, tracker) -> dict:
+    t0 = time.time()
     lm = _LazyLM(cfg, generator)
     model_key = _model_id(generator)
     log.info("iteration %d: generator P_%d = %s", k, k, generator)
@@ -785,7 +788,6 @@ def run_iteration(cfg: DictConfig, k: int, ranks: Ranks) -> dict:
         log.info("iteration %d done in %.0fs: %d generations, accepted rate %.3f, kept %d (%.3f), critic AP %s, δ=%.3f;"
                  " report: %s", k, result["seconds"], result["n_generations"], result["accepted_rate"], result["n_kept"],
                  result["kept_fraction"], result["critic_ap"], result["delta"], result["report"])
-        tracker.finish()
     _barrier(ranks)
     return result
 

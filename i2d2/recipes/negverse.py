@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from i2d2.lightning_setup import plain as _c  # config node -> plain dicts/lists
 from i2d2.io import fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, write_jsonl, \
     write_text
-from i2d2.tracking import Tracker, build_logger
+from i2d2.tracking import Tracker, publish_report, tracked_run
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,17 @@ def samples_markdown(kept: list[dict], sentences: list[str], per_sentence: int =
 
 
 def run(cfg: DictConfig) -> dict:
+    with tracked_run(cfg, Path(cfg.run_dir) / "eval") as tracker:
+        return _run(cfg, tracker)
+
+
+def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     from i2d2.models import load_spacy
     from i2d2.negverse.data import DATA_DIR
     from i2d2.negverse.rules import AFFIXAL_PAIRS
 
     run_dir = Path(cfg.run_dir)
-    logger = build_logger(cfg.logger)
+    logger = tracker.logger
     nlp = load_spacy(cfg.task.spacy)
     d = cfg.data
     files = [Path(d.pairs or DATA_DIR / "pairs.tsv"), Path(d.affirmatives or DATA_DIR / "affirmatives.txt"), AFFIXAL_PAIRS]
@@ -177,9 +182,20 @@ def run(cfg: DictConfig) -> dict:
                           _c(cfg.task.filters), _c(cfg.task.masking), int(cfg.seed),
                           _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v2")
     eval_dir = run_dir / "eval"
-    tracker = Tracker(logger, eval_dir)
     metrics = run_stage(eval_dir, fp_eval, lambda out: eval_stage(cfg, nlp, train_dir / "adapter", out, tracker),
                         "negverse-eval")
     log.info("negverse eval metrics: %s", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()})
-    tracker.finish()
-    return {"data": data_stats, "train": train_summary, "eval": metrics}
+    summary = {"data": data_stats, "train": train_summary, "eval": metrics}
+    publish_report(run_dir, summary, _report(summary), tracker, prefix="negverse")
+    return summary
+
+
+def _report(summary: dict) -> str:
+    def rows(d):
+        return [f"| {k} | {round(v, 4) if isinstance(v, float) else v} |" for k, v in d.items()
+                if isinstance(v, (int, float, str)) or v is None]
+
+    return "\n".join(["# NegVerse run", "", "Sample negations: `eval/samples.md`; all kept: `eval/negations.jsonl`.", "",
+                      "## Evaluation (eval sentences)", "", "| metric | value |", "|---|---|", *rows(summary["eval"]), "",
+                      "## Prompt tuning", "", "| key | value |", "|---|---|", *rows(summary["train"]), "",
+                      "## Training data", "", "| key | value |", "|---|---|", *rows(summary["data"])]) + "\n"
