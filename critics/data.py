@@ -15,9 +15,7 @@ Raw labels are normalised (lower case, ``(generally) true`` -> ``true``, ``Huh??
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,97 +24,16 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from i2d2.io import DataError, iter_jsonl, read_csv
+from i2d2.labels import (ALIASES, ANNOTATION_DIR, DEFAULT_LABEL_MAP, HEDGES, aggregate_votes,  # noqa: F401 (re-exported)
+                         canonical_statement, label_mapping, normalize_label, normalize_statement, parse_votes,
+                         resolve_annotation_path)
 
 log = logging.getLogger(__name__)
 
 # optional fields of a labelled generation, passed through (the surface floor and the prompt-form yield use them)
 PROVENANCE = ("kind", "form", "relation", "related", "iteration", "split")
 
-ANNOTATION_DIR = Path(__file__).resolve().parent.parent / "i2d2" / "data" / "annotations"
-
-# Both papers' schemes plus plain binary labels. 1 = valid, 0 = invalid, None = dropped from training.
-DEFAULT_LABEL_MAP: dict[str, int | None] = {
-    # I2D2 (4-way): (generally) true / (generally) false / don't know / garbled ("Huh???")
-    "true": 1, "false": 0, "dont_know": None, "garbled": 0, "huh": 0,
-    # the finer kinds of "Huh???" in i2d2/data/annotations/GUIDE.md
-    "episodic": 0, "ad_copy": 0,
-    # NeuroComparatives (6-way): 'Too unfamiliar to judge' is discarded, everything but 'True' is invalid
-    "too_subjective_to_judge": 0, "too_vague_to_judge": 0, "too_unfamiliar_to_judge": None, "invalid": 0,
-    # binary / crowd-platform spellings
-    "valid": 1, "accept": 1, "reject": 0, "1": 1, "0": 0,
-}
-# Spellings that mean the same label (applied after normalisation).
-ALIASES = {
-    "generally_true": "true", "generally_false": "false", "i_dont_know": "dont_know", "don_t_know": "dont_know",
-    "unknown": "dont_know", "garbled_output": "garbled", "subjective": "too_subjective_to_judge",
-    "vague": "too_vague_to_judge", "unfamiliar": "too_unfamiliar_to_judge", "too_vague": "too_vague_to_judge",
-    "too_subjective": "too_subjective_to_judge", "too_unfamiliar": "too_unfamiliar_to_judge",
-}
-
 TEXT_FIELDS = ("statement", "label", "concept", "votes", "prompt")
-
-
-def normalize_label(raw) -> str:
-    """``'(Generally) True'`` -> ``'true'``, ``"Don't Know"`` -> ``'dont_know'``, ``'Huh???'`` -> ``'huh'``."""
-    s = str(raw).strip().lower()
-    s = s.replace("'", "").replace("’", "")
-    s = re.sub(r"[^a-z0-9]+", "_", s).strip("_")
-    s = ALIASES.get(s, s)
-    if s.startswith("generally_"):
-        s = ALIASES.get(s, s[len("generally_"):])
-    return s
-
-
-HEDGES = ("generally", "typically", "usually", "in general", "normally", "often")
-_HEDGE = re.compile(r"^\s*(?:" + "|".join(HEDGES) + r")\s*,\s*", re.IGNORECASE)
-
-
-def canonical_statement(text: str) -> str:
-    """The statement without a leading hedge adverb ("Generally, birds can fly." -> "Birds can fly."): the guide
-    judges both alike, so the critic sees neither (``critic.canonicalize``) and cannot learn the adverb as a cue."""
-    text = str(text)
-    stripped = _HEDGE.sub("", text, count=1)
-    return stripped[:1].upper() + stripped[1:] if stripped != text else text
-
-
-def normalize_statement(text: str) -> str:
-    """Key used to de-duplicate statements across annotation rounds."""
-    return re.sub(r"\s+", " ", str(text).strip().lower()).rstrip(" .")
-
-
-def label_mapping(label_map: Mapping | None) -> dict[str, int | None]:
-    """Normalise a config's label map (keys through ``normalize_label``; values 1/0/None or true/false/null)."""
-    out = {}
-    for k, v in (label_map if label_map is not None else DEFAULT_LABEL_MAP).items():
-        if v is not None and not isinstance(v, (bool, int)) and str(v).lower() not in ("0", "1", "true", "false"):
-            raise ValueError(f"label_map[{k!r}] = {v!r}: values must be 1 (valid), 0 (invalid) or null (drop)")
-        out[normalize_label(k)] = None if v is None else int(v if isinstance(v, (bool, int)) else str(v).lower() in ("1", "true"))
-    return out
-
-
-def aggregate_votes(votes: Sequence[str], min_agreement: float = 0.5) -> str | None:
-    """Majority label of annotators' votes (normalised), or None if no label gets > ``min_agreement`` of them."""
-    norm = [normalize_label(v) for v in votes if str(v).strip()]
-    if not norm:
-        return None
-    (top, n), *rest = Counter(norm).most_common()
-    if n / len(norm) <= min_agreement or (rest and rest[0][1] == n):
-        return None
-    return top
-
-
-def parse_votes(value) -> list[str]:
-    if value is None or value == "":
-        return []
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    s = str(value).strip()
-    if s.startswith("["):
-        v = json.loads(s)
-        if not isinstance(v, list):
-            raise ValueError("votes must be a list")
-        return [str(x) for x in v]
-    return [p.strip() for p in re.split(r"[|;]", s) if p.strip()]
 
 
 @dataclass
@@ -153,17 +70,6 @@ def _read_rows(path: Path, on_error: str, errors: list) -> list[tuple[int, dict]
             continue
         out.append((lineno, row))
     return out
-
-
-def resolve_annotation_path(p: str | Path) -> Path:
-    """An existing path, or the name of a bundled file under ``i2d2/data/annotations/``."""
-    path = Path(p).expanduser()
-    if path.exists():
-        return path
-    bundled = ANNOTATION_DIR / str(p)
-    if bundled.exists():
-        return bundled
-    raise FileNotFoundError(f"annotation file {p!r} not found (neither a path nor a bundled file in {ANNOTATION_DIR})")
 
 
 def load_annotations(paths: Iterable[str | Path], label_map: Mapping | None = None, on_error: str = "raise",

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from critics.data import label_mapping, normalize_label, normalize_statement, parse_votes, resolve_annotation_path
+from i2d2.labels import label_mapping, normalize_label, normalize_statement, parse_votes, resolve_annotation_path
 from i2d2.io import DataError, open_text, read_csv, read_jsonl, write_csv, write_jsonl, write_text
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ import torch
 
 from i2d2.cmp.data import Quintuple, load_quintuples, split_leaks, split_quintuples
 from i2d2.cmp.evaluation import selection_metric, task_scores
-from i2d2.cmp.runners import dev_and_pool, run_downstream, shot_count
+from i2d2.recipes.cmp_runners import dev_and_pool, run_downstream, shot_count
 from i2d2.cmp.tasks import resolve_separator, tokenizer_lowercases, untrained_parts
 from i2d2.models import load_seq2seq
 
@@ -149,7 +149,7 @@ def test_bleu_is_labelled_uncased_for_case_folding_tokenizers():
 def test_dev_selection_restores_the_best_checkpoint():
     import lightning as L
 
-    from i2d2.cmp.runners import downstream_examples
+    from i2d2.recipes.cmp_runners import downstream_examples
     from i2d2.cmp.downstream import load_downstream
     from i2d2.cmp.tasks import Collator, eos_id
     from trainers.cmp import CMPModule, DevSelection, ExampleSteps, train_loader

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from i2d2.recipes.generics import ConfigError, sample_prompts, truncate
-from i2d2.report import human_eval, mark_recapture, render_markdown
+from i2d2.recipes.generics_report import human_eval, mark_recapture, render_markdown
 
 
 def test_mark_recapture_estimates_unique_population():

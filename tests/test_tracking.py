@@ -110,7 +110,7 @@ def test_artifacts_are_opt_in(tmp_path):
 def test_iteration_logs_config_namespaced_hparams_and_progress(tmp_path, caplog):
     from i2d2.recipes.generics import run
 
-    caplog.set_level(logging.INFO, logger="callbacks.tracking")
+    caplog.set_level(logging.INFO, logger="i2d2.lightning_setup")
     cfg = _cfg(tmp_path, "experiment=smoke", "logger=wandb_csv", "decoding.beam_size=3", "trainer.log_every_n_steps=1")
     assert cfg.logger.wandb._target_.endswith("WandbLogger")  # the command line beats the preset's logger=none
     run(cfg)
@@ -123,7 +123,7 @@ def test_iteration_logs_config_namespaced_hparams_and_progress(tmp_path, caplog)
     assert "critic" in fits and len(fits) == 2, fits
     finetune = next(f for f in fits if f != "critic")
     assert got[f"fit/{finetune}/lr"] == cfg.task.finetune.lr != got["fit/critic/lr"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "callbacks.tracking"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "i2d2.lightning_setup"]
     assert any(m.startswith("critic: epoch") for m in lines) and any(" step " in m for m in lines)
 
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from i2d2.lightning_setup import plain as _container  # config node -> plain dicts/lists
 from i2d2.cmp.data import BUNDLED, Quintuple, load_quintuples, split_leaks, split_quintuples
-from i2d2.cmp.runners import evaluate_synthetic_qa, run_downstream
+from i2d2.recipes.cmp_runners import evaluate_synthetic_qa, run_downstream
 from i2d2.cmp.tasks import (TASKS, Collator, ExampleBuilder, eos_id, make_truncator, mask_token_for,
                             resolve_separator, tokenizer_lowercases, untrained_parts)
 from i2d2.cmp.textualize import cut_documents, qa_pairs
@@ -191,7 +191,7 @@ def downstream_protocol(t: DictConfig) -> dict:
 
 def check_downstream_settings(cfg: DictConfig) -> None:
     """Refuse impossible fine-tuning settings (k > training items, no dev set) before pre-training."""
-    from i2d2.cmp.runners import dev_and_pool, shot_count
+    from i2d2.recipes.cmp_runners import dev_and_pool, shot_count
 
     d = cfg.task.downstream
     for key in d.datasets:

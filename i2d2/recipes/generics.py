@@ -569,7 +569,7 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
     these concepts."""
     from i2d2.generation import generate_stage, read_generations
     from i2d2.prompts import build_generic_prompts, heldout_concepts
-    from i2d2.report import diversity
+    from i2d2.recipes.generics_report import diversity
     from trainers.lm_finetune import join_statement
 
     hcfg = _plain(cfg.task.get("heldout") or {})
@@ -648,7 +648,7 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
                  held: dict, generator: str, tracker) -> dict:
     from critics.data import load_annotations
     from i2d2.annotation import heldout_accuracy, labels_store
-    from i2d2.report import diversity, human_eval, human_labels, write_report
+    from i2d2.recipes.generics_report import diversity, human_eval, human_labels, write_report
 
     rcfg = _plain(cfg.task.get("report") or {})
     kept = read_jsonl(it_dir / "filtered" / "kept.jsonl")
