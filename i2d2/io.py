@@ -373,7 +373,9 @@ def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | N
     summary = fn(out_dir) or {}
     fault_point(f"done:{name or out_dir.name}")
     mark_done(out_dir, fp, summary)
-    return summary
+    # the summary as the marker holds it (keys sorted, numbers as JSON has them): what a rerun that finds the
+    # stage finished gets, so a report built from it is the same bytes whether the stage ran now or before
+    return json.loads(json.dumps(summary, sort_keys=True, default=str))
 
 
 def _stage_fingerprint(out_dir: Path) -> str | None:

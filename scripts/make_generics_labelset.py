@@ -55,11 +55,16 @@ def main(argv=None):
                     help="nouns with related concepts get only related-concept prompts (a top-up of that kind)")
     ap.add_argument("--exclude-from", nargs="*", default=[],
                     help="to_label.jsonl files of earlier parts: their statements (and near-duplicates) are not repeated")
+    ap.add_argument("--exclude-concepts", nargs="*", default=[],
+                    help="jsonl files whose 'concept' values are left out (earlier label sets, confirmation sets)")
+    ap.add_argument("--dry-run", action="store_true", help="count the concepts and prompts, generate nothing")
     ap.add_argument("--parts", nargs="*", default=[], help="with --merge: the part folders to join (default: --out)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--shard-size", type=int, default=16)
     ap.add_argument("--chunks", type=int, default=8, help="files to split to_label.jsonl into for labelling")
     ap.add_argument("--merge", action="store_true", help="join the labelled chunks into the bundled label set")
+    ap.add_argument("--append", action="store_true",
+                    help="with --merge: add the parts to the bundled label set instead of rewriting it from all parts")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the default run (e.g. decoding.beam_size=10)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -77,7 +82,7 @@ def main(argv=None):
 
     out = Path(args.out)
     if args.merge:
-        return merge([Path(p) for p in args.parts] or [out])
+        return merge([Path(p) for p in args.parts] or [out], append=args.append)
     cfg = compose(list(args.overrides))
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -91,6 +96,7 @@ def main(argv=None):
             one = {**data_all, "sources": {name: src}}
             excluded |= {c.text.lower() for c in load_concepts(one)}
     excluded |= heldout_keys(cfg.task.get("heldout"))
+    excluded |= {str(r["concept"]).lower() for p in args.exclude_concepts for r in read_jsonl(p) if r.get("concept")}
     for src in data_all["sources"].values():
         if src:
             src["max_concepts"] = None
@@ -106,7 +112,8 @@ def main(argv=None):
     rows, form_turn = [], 0
     for c in chosen:
         if c.kind == "goal":
-            todo = [(v, None) for v in rng.sample(goal_variants(c, data_all), args.prefixes_per_goal)]
+            gv = goal_variants(c, data_all)
+            todo = [(v, None) for v in rng.sample(gv, min(args.prefixes_per_goal, len(gv)))]
         else:
             todo = []
             for rel in rng.sample(rel_lists[c.relations or "general"], args.relations_per_noun):
@@ -145,7 +152,10 @@ def main(argv=None):
         "n_prompts": len(rows), "n_concepts": len(chosen),
         "n_by_kind": {"noun": len(plain[:args.nouns]), "related": len(related[:args.related]),
                       "goal": len(goals[:args.goals])}})
-    logging.info("%d prompts over %d concepts", len(rows), len(chosen))
+    logging.info("%d prompts over %d concepts (pool: %d plain, %d related, %d goals)", len(rows), len(chosen),
+                 len(plain), len(related), len(goals))
+    if args.dry_run:
+        return
 
     model, tok = load_causal_lm(str(cfg.model.name), cache=cfg.get("cache_dir"), dtype=cfg.model.get("dtype"))
     generate_stage(model.eval(), tok, out / "prompts.jsonl", out / "generations", decoding,
@@ -178,7 +188,7 @@ def main(argv=None):
                  out / "to_label.jsonl")
 
 
-def merge(parts: list[Path]) -> None:
+def merge(parts: list[Path], append: bool = False) -> None:
     """Join each part's ``to_label.jsonl`` with its chunk labels into ``i2d2/data/annotations/generics_gemma.jsonl``
     (+ ``generics_gemma.config.json``: the generation config of every part)."""
     import json
@@ -199,8 +209,17 @@ def merge(parts: list[Path]) -> None:
                  for i, r in enumerate(items)]
         configs.append(json.loads((out / "generation_config.json").read_text()))
     dest = ROOT / "i2d2" / "data" / "annotations"
+    if append:  # parts labelled later: the bundled rows and part configs stay as they are, first
+        have = read_jsonl(dest / "generics_gemma.jsonl")
+        old = json.loads((dest / "generics_gemma.config.json").read_text())
+        clash = {r["part"] for r in have} & {r["part"] for r in rows}
+        if clash:
+            raise SystemExit(f"parts {sorted(clash)} are already in the bundled label set")
+        rows, configs = have + rows, old["parts"] + configs
     write_jsonl(dest / "generics_gemma.jsonl", rows)
     excluded = sorted({c for cfg in configs for c in cfg["excluded_concepts"]})
+    if append:  # a later part also excludes the earlier parts' concepts, which the set does use
+        excluded = old["excluded_concepts"]
     write_json(dest / "generics_gemma.config.json", {"model": configs[0]["model"], "decoding": configs[0]["decoding"],
                                                       "excluded_concepts": excluded, "parts": configs})
     logging.info("wrote %d labelled statements to %s", len(rows), dest / "generics_gemma.jsonl")

@@ -278,3 +278,11 @@ def test_atomic_dir_removes_what_a_killed_writer_left(tmp_path):
         (tmp / "weights.bin").write_bytes(b"whole")
     assert not stale.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_run_stage_returns_the_summary_a_rerun_reads(tmp_path):
+    """A report built from a stage's summary must be the same bytes whether the stage ran now or in a killed
+    earlier run (its summary then comes from the _DONE marker: keys sorted, numpy numbers as JSON numbers)."""
+    fresh = io.run_stage(tmp_path / "s", "fp", lambda d: {"zeta": np.float32(0.5), "alpha": {"b": 1, "a": 2}})
+    reread = io.run_stage(tmp_path / "s", "fp", lambda d: pytest.fail("a finished stage ran again"))
+    assert fresh == reread and list(fresh) == list(reread) == ["alpha", "zeta"] and list(fresh["alpha"]) == ["a", "b"]

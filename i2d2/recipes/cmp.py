@@ -90,8 +90,9 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     val_ds = TaskBatches(splits["validation"], builder, tasks, int(pre.eval_batch_size),
                          max_per_task=pre.get("val_max_per_task"), seed=int(cfg.seed))
     ckpt_dir = out_dir / "checkpoints"
+    # no version counter: a killed run's best.ckpt is overwritten by the rerun, not kept beside a best-v1.ckpt
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val/loss", mode="min", save_top_k=1,
-                           save_last=True)
+                           save_last=True, enable_version_counter=False)
     # exact resume (i2d2/resume.py): the loader's position and the RNG state travel in last.ckpt
     progress = EpochProgress()
     trainer = build_trainer(

@@ -70,7 +70,7 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     module = NegVerseModule(lm, lr=float(tr.lr), new_token_lr=float(tr.new_token_lr),
                             weight_decay=float(tr.weight_decay), warmup_steps=int(tr.warmup_steps), total_steps=total)
     ckpt_dir = out_dir / "checkpoints"
-    ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=1,
+    ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=1, enable_version_counter=False,
                            every_n_train_steps=int(tr.checkpoint_every))
     trainer = build_trainer(
         cfg.trainer, micro_batch=int(tr.batch_size), max_steps=max_steps,
