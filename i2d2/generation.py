@@ -23,7 +23,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from i2d2.config import plain
-from i2d2.io import DataError, atomic_dir, atomic_path, fingerprint, read_jsonl, read_table, write_arrow, write_json, \
+from i2d2.io import DataError, atomic_dir, atomic_path, file_digest, fingerprint, read_jsonl, read_table, write_arrow, write_json, \
     write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,26 @@ ROW_FIELDS = ["prompt_id", "prompt", "generation", "score", "logprob", "num_toke
 
 def shard_path(out_dir: Path, index: int) -> Path:
     return Path(out_dir) / f"shard-{index:05d}.jsonl"
+
+
+def shard_finished(out_dir: Path, index: int) -> bool:
+    """A shard counts as decoded when it exists and matches the size and SHA-256 its ``.meta.json`` recorded
+    (written after the shard): a shard damaged after the fact, or one whose meta a kill prevented, is decoded
+    again (same prompts, same config: the same rows) instead of breaking the union or being half counted."""
+    path = shard_path(out_dir, index)
+    meta = path.with_suffix(".meta.json")
+    if not path.exists():
+        return False
+    try:
+        info = json.loads(meta.read_text())
+        ok = info["size"] == path.stat().st_size and info["sha256"] == file_digest(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        log.warning("generation: %s does not match its record %s (damaged, or a kill came between them): "
+                    "decoding it again", path.name, meta.name)
+        path.unlink(missing_ok=True)
+    return ok
 
 
 def shard_indices(n_prompts: int, shard_size: int, rank: int, world_size: int) -> list[int]:
@@ -137,7 +157,7 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
         dist.barrier()
 
     mine = shard_indices(len(prompts), shard_size, rank, world)
-    todo = [i for i in mine if not shard_path(out_dir, i).exists()]
+    todo = [i for i in mine if not shard_finished(out_dir, i)]
     n_mine = sum(len(prompts[i * shard_size:(i + 1) * shard_size]) for i in mine)
     n_done = n_mine - sum(len(prompts[i * shard_size:(i + 1) * shard_size]) for i in todo)
     if todo:
@@ -169,9 +189,10 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
             raise RuntimeError(f"decoder returned {len(gens)} results for {len(chunk)} prompts")
         seconds = time.time() - t0
         rows = _rows_for(chunk, gens)
-        write_json(shard_path(out_dir, i).with_suffix(".meta.json"),
-                   {"prompts": len(chunk), "generations": len(rows), "seconds": round(seconds, 3), "rank": rank})
         write_jsonl(shard_path(out_dir, i), rows)  # atomic: the shard exists only once complete
+        write_json(shard_path(out_dir, i).with_suffix(".meta.json"),  # after it: what shard_finished checks
+                   {"prompts": len(chunk), "generations": len(rows), "seconds": round(seconds, 3), "rank": rank,
+                    "size": shard_path(out_dir, i).stat().st_size, "sha256": file_digest(shard_path(out_dir, i))})
         n_call += len(chunk)
         bar.update(len(chunk))
     bar.close()
@@ -180,8 +201,8 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     if use_barrier:
         dist.barrier()
     all_shards = range(math.ceil(len(prompts) / shard_size))
-    complete = all(shard_path(out_dir, i).exists() for i in all_shards)
-    counted = list(all_shards) if complete else [i for i in mine if shard_path(out_dir, i).exists()]
+    complete = all(shard_finished(out_dir, i) for i in all_shards)
+    counted = list(all_shards) if complete else [i for i in mine if shard_finished(out_dir, i)]
     n_gen, n_sat, samples = 0, 0, []
     writer = rank == 0 or not use_barrier
     sample_every = max(1, len(prompts) // max(1, sample_rows))

@@ -113,9 +113,12 @@ def _one(run_dir: Path, pattern: str) -> Path:
 
 # (task, kill point that leaves the state to damage or None for a finished run, file pattern, damage)
 CORRUPTIONS = [
-    pytest.param("i2d2", "train_step:3", "iter_0/*/checkpoints/last.ckpt", _truncate, id="i2d2-trunc-ckpt"),
-    pytest.param("i2d2", "train_step:3", "iter_0/*/checkpoints/last.ckpt", _flip, id="i2d2-flip-ckpt"),
-    pytest.param("i2d2", "train_step:3", "iter_0/*/checkpoints/last.ckpt*", _truncate, id="i2d2-trunc-ckpt-and-prev"),
+    # the critic saves last.ckpt every 50 steps: at its 60th step there is one to damage; during its 3rd save the
+    # newest one has been rotated to last.ckpt.prev and the new one is not in place yet
+    pytest.param("i2d2", "train_step:60", "iter_0/critic/checkpoints/last.ckpt", _truncate, id="i2d2-trunc-ckpt"),
+    pytest.param("i2d2", "train_step:60", "iter_0/critic/checkpoints/last.ckpt", _flip, id="i2d2-flip-ckpt"),
+    pytest.param("i2d2", "write:last.ckpt:3", "iter_0/critic/checkpoints/last.ckpt*", _truncate,
+                 id="i2d2-trunc-ckpt-and-prev"),
     pytest.param("i2d2", "done:generation:1", "iter_0/generations/shard-00001.jsonl", _truncate,
                  id="i2d2-trunc-shard"),
     pytest.param("i2d2", None, "iter_0/generations/_DONE.json", _garbage, id="i2d2-garbage-done-marker"),
