@@ -271,7 +271,7 @@ def _report(summary: dict) -> str:
                   "| | " + " | ".join(pre["final"]) + " |", "|---" * (len(pre["final"]) + 1) + "|",
                   "| before | " + " | ".join(f"{pre['initial'].get(k, float('nan')):.3f}" for k in pre["final"]) + " |",
                   "| after | " + " | ".join(f"{v:.3f}" for v in pre["final"].values()) + " |", "",
-                  f"{pre['steps']} steps in {pre['train_seconds']:.0f} s", ""]
+                  f"{pre['steps']} steps (the time they took: report.json, `pretrain.train_seconds`)", ""]
     zs, sp = summary.get("zero_shot", {}), summary.get("splits", {})
     if zs:
         lines += ["## Zero-shot synthetic comparative QA on unseen entities", ""]
