@@ -195,6 +195,11 @@ def test_ddp_two_processes_split_generation(baseline, tmp_path, monkeypatch):
     gdir = run_dir / "iter_0" / "generations"
     ranks = {json.loads(m.read_text())["rank"] for m in gdir.glob("shard-*.meta.json")}
     assert ranks == {0, 1}
+    # the critic scored on both ranks too, and the filter kept what the single-process run kept
+    shares = sorted(p.name for p in (run_dir / "iter_0" / "critic_scores").glob("scores-rank*.npz"))
+    assert shares == ["scores-rank0.npz", "scores-rank1.npz"]
+    assert read_table(run_dir / "iter_0" / "filtered" / "kept")["statement"] == \
+        read_table(base_dir / "iter_0" / "filtered" / "kept")["statement"]
     rows = gen_rows(run_dir, 0)
     keys = [(x["prompt_id"], x["rank_in_prompt"]) for x in rows]
     assert len(keys) == len(set(keys))  # no duplicates

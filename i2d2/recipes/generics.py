@@ -7,6 +7,7 @@ Iteration k, in ``{run_dir}/iter_{k}/``:
                 and generations.jsonl (readable export)
   critic/       the critic Ω trained on the labels available (seed set + the run's labels store), or a
                 pointer to an earlier iteration's critic when the labels did not change (task.critic.refresh)
+  critic_scores/  the critic's P(valid) of every finished generation, one share per rank (scores-rank<r>.npz)
   filtered/     kept/ / dropped/ / scores/ (Arrow tables; kept.jsonl: readable export): critic score > δ
                 (+ constraints satisfied, de-duplicated);
                 to_label.csv: a stratified sample to label for the next critic (python -m i2d2.annotate)
@@ -19,9 +20,10 @@ with a fingerprint of its inputs: a finished stage is skipped on restart, an unf
 last finished unit, a stage whose inputs changed is redone.
 
 Multi-process: ``trainer=ddp`` (or DeepSpeed) with several devices relaunches the command once per rank
-(Lightning's launcher) before the first stage; generation and fine-tuning then run on every rank, the other
-stages on rank 0 while the other ranks wait for its result. Fork-based strategies (``trainer.strategy=ddp_fork``)
-keep one main process and fork the ranks for generation and for fine-tuning.
+(Lightning's launcher) before the first stage; generation, critic scoring and fine-tuning then run on every rank,
+the other stages on rank 0 while the other ranks wait for its result. Fork-based strategies
+(``trainer.strategy=ddp_fork``) keep one main process and fork the ranks for generation, critic scoring and
+fine-tuning.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ FILTER_FORMAT = 4  # 2: unfinished generations dropped before the critic, near-d
 # 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
-STAGE_FORMAT = {"prompts": 1, "generation": 2, "critic": 1, "filter": FILTER_FORMAT, "heldout": 1, "finetune": 1}
+STAGE_FORMAT = {"prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
+                "finetune": 1}
 TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation",
              "heldout"}
 
@@ -452,19 +455,14 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
     the kept statements are held in memory. Writes ``kept/``, ``dropped/``, ``scores/`` tables and ``kept.jsonl``;
     returns (summary, kept, dropped)."""
     from i2d2.filtering import near_duplicates, write_filtered
-    from i2d2.generation import generations_table
     from i2d2.io import save_table
 
     work = d / ".work"  # map() caches: hidden from fingerprints, removed at the end
-    work.mkdir(parents=True, exist_ok=True)
-    ds = generations_table(gens_dir)
-    ds = ds.map(_prepare_batch, batched=True, batch_size=1000, num_proc=num_proc,
-                fn_kwargs={"mode": fcfg.get("truncate", "sentence")}, cache_file_name=str(work / "prepared.arrow"),
-                desc="filter: truncate")
+    ds, scored = finished_statements(gens_dir, work, fcfg.get("truncate", "sentence"),
+                                     bool(fcfg.get("require_sentence_end", True)), num_proc)
     n = len(ds)
-    finished = _column(ds, "_finished").to_numpy(zero_copy_only=False) if fcfg.get("require_sentence_end", True) \
-        else np.ones(n, dtype=bool)  # cut off by max_new_tokens: not a statement
-    scored = np.flatnonzero(finished)
+    finished = np.zeros(n, dtype=bool)
+    finished[scored] = True
     texts = ds.select_columns(["statement"]).select(scored)
     scores = np.concatenate([np.asarray(score(b["statement"]), dtype=float).reshape(-1)
                              for b in texts.iter(batch_size=SCORE_CHUNK)] or [np.zeros(0)])
@@ -523,8 +521,88 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
     return summary, kept, dropped
 
 
-def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks) -> dict:
+def finished_statements(gens_dir: Path, work: Path, mode: str, require_end: bool = True, num_proc: int | None = None):
+    """The generation table with each row truncated to one statement (``_prepare_batch``), cached in ``work``, and
+    the indices of the rows the critic scores, in the order the filter reads them: those that end a sentence
+    (``require_end``; a generation cut off by max_new_tokens is not a statement), else all."""
+    from i2d2.generation import generations_table
+
+    work.mkdir(parents=True, exist_ok=True)
+    ds = generations_table(gens_dir).map(_prepare_batch, batched=True, batch_size=1000, num_proc=num_proc,
+                                         fn_kwargs={"mode": mode}, cache_file_name=str(work / "prepared.arrow"),
+                                         desc="filter: truncate")
+    if not require_end:
+        return ds, np.arange(len(ds))
+    return ds, np.flatnonzero(_column(ds, "_finished").to_numpy(zero_copy_only=False))
+
+
+def score_share(gens_dir: Path, out_dir: Path, critic_dir: Path, mode: str, require_end: bool, batch_size: int,
+                device: str, rank: int = 0, world: int = 1) -> int:
+    """One rank's share of the critic scoring: finished statements ``rank, rank + world, ...`` scored and saved as
+    ``scores-rank<r>.npz`` (row positions among the finished statements, P(valid)). Returns how many it scored."""
     from critics.scoring import score_texts
+    from i2d2.io import atomic_path
+
+    ds, finished = finished_statements(gens_dir, out_dir / f".work-rank{rank}", mode, require_end)
+    mine = np.arange(rank, len(finished), world)
+    texts = ds.select_columns(["statement"]).select(finished[mine])
+    scores = np.concatenate([np.asarray(score_texts(critic_dir, b["statement"], batch_size=batch_size, device=device,
+                                                    progress=rank == 0), dtype=float).reshape(-1)
+                             for b in texts.iter(batch_size=SCORE_CHUNK)] or [np.zeros(0)])
+    with atomic_path(out_dir / f"scores-rank{rank}.npz") as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, position=mine, score=scores)
+    shutil.rmtree(out_dir / f".work-rank{rank}", ignore_errors=True)
+    return len(mine)
+
+
+def _score_worker(fabric, gens_dir, out_dir, critic_dir, mode, require_end, batch_size):
+    """One rank of a forked scoring stage (Fabric passes itself first)."""
+    return score_share(gens_dir, out_dir, critic_dir, mode, require_end, batch_size, str(fabric.device),
+                       fabric.global_rank, fabric.world_size)
+
+
+def read_scores(scores_dir: Path) -> np.ndarray:
+    """The critic scores of every finished statement, in order, joined from the ranks' shares."""
+    parts = [np.load(p) for p in sorted(Path(scores_dir).glob("scores-rank*.npz"))]
+    n = sum(len(p["position"]) for p in parts)
+    out = np.full(n, np.nan)
+    for p in parts:
+        out[p["position"]] = p["score"]
+    if np.isnan(out).any():
+        raise RuntimeError(f"{scores_dir}: the ranks' score files do not cover every statement")
+    return out
+
+
+def scores_stage(cfg, k: int, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
+    """Critic scores of every finished generation, split over the ranks like generation (issue: the 16M-row
+    paper scale would otherwise score on rank 0 alone); the filter reads them (``read_scores``)."""
+    out, gens = it_dir / "critic_scores", it_dir / "generations"
+    mode = str(_get(cfg.task.filter, "truncate", "sentence"))
+    require_end = bool(_get(cfg.task.filter, "require_sentence_end", True))
+    critic_dir = in_run(critic["model_dir"], cfg.run_dir)
+    fp = fingerprint("critic_scores", gens / "table", critic_dir, mode, require_end)
+    batch_size = int(_get(cfg.critic, "eval_batch_size", 64))
+
+    def fn(d: Path) -> dict:
+        if ranks.mode == "fork":
+            from lightning.fabric import Fabric
+
+            tc = _plain(cfg.trainer)
+            fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
+            fabric.launch(_score_worker, gens, d, critic_dir, mode, require_end, batch_size)
+        else:
+            score_share(gens, d, critic_dir, mode, require_end, batch_size, _device(cfg),
+                        ranks.rank if ranks.mode == "subprocess" else 0,
+                        ranks.world if ranks.mode == "subprocess" else 1)
+        _barrier(ranks)
+        files = sorted(d.glob("scores-rank*.npz"))
+        return {"n_scored": int(sum(len(np.load(p)["position"]) for p in files)), "ranks": len(files)}
+
+    return stage(ranks, out, fp, fn, "critic_scores", all_ranks=True)
+
+
+def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks) -> dict:
     from i2d2.annotation import export_for_annotation, labels_store
 
     out = it_dir / "filtered"
@@ -536,12 +614,16 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     # num_proc changes the speed, not the result
     critic_dir = in_run(critic["model_dir"], cfg.run_dir)
     fp = fingerprint("filter", gens / "table", critic_dir, delta, {a: b for a, b in fcfg.items() if a != "num_proc"}, acfg)
-    batch_size, device = int(_get(cfg.critic, "eval_batch_size", 64)), _device(cfg)
 
     def fn(d: Path) -> dict:
-        summary, kept, dropped = filter_generations(
-            gens, d, lambda texts: score_texts(critic_dir, texts, batch_size=batch_size, device=device), delta, fcfg,
-            tracker=tracker, num_proc=fcfg.get("num_proc"))
+        scores, pos = read_scores(it_dir / "critic_scores"), [0]  # scored by every rank (scores_stage), in filter order
+
+        def precomputed(texts):
+            pos[0] += len(texts)
+            return scores[pos[0] - len(texts):pos[0]]
+
+        summary, kept, dropped = filter_generations(gens, d, precomputed, delta, fcfg, tracker=tracker,
+                                                    num_proc=fcfg.get("num_proc"))
         summary["delta_source"] = "task.filter.delta" if fcfg.get("delta") is not None else "critic"
         k_per = int(acfg.get("k_per_concept", 4))
         if k_per > 0:
@@ -771,6 +853,7 @@ def _iteration(cfg: DictConfig, k: int, ranks: Ranks, it_dir: Path, generator: s
     prompts_path, prompts = timed("prompts", lambda: prompts_stage(cfg, k, it_dir, lm, tracker, ranks))
     gen = timed("generation", lambda: generation_stage(cfg, it_dir, prompts_path, model_key, lm, tracker, ranks))
     critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, lm, tracker, ranks))
+    timed("critic_scores", lambda: scores_stage(cfg, k, it_dir, critic, ranks))
     filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
     held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, tracker, ranks))
     ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))

@@ -32,7 +32,7 @@ KILLS = {
         "stage:generation:1", "write:shard-:1", "write:shard-:3", "write:shard-:5",
         "write:generations.jsonl:1", "done:generation:1",
         "stage:critic:1", "train_step:1", "write:last.ckpt:1", "done:critic:1",
-        "stage:filter:1", "done:filter:1", "stage:heldout:1", "done:heldout:1",
+        "stage:critic_scores:1", "done:critic_scores:1", "stage:filter:1", "done:filter:1", "stage:heldout:1", "done:heldout:1",
         "stage:finetune:1", "train_step:3", "write:last.ckpt:3", "write:model/:1", "write:model/:2",
         "done:finetune:1", "write:report_samples.csv:1",
     ],
