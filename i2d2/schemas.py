@@ -214,15 +214,15 @@ def fill(schema: type, cfg: Any = None, where: str | None = None, none_means_def
     where = where or schema.__name__
     given = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg or {})
     given.pop("_target_", None)
-    known = {f.name: f for f in fields(schema)}
+    known = sorted(f.name for f in fields(schema))
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {known}")
+    base = OmegaConf.structured(schema)
     if none_means_default:
-        base = OmegaConf.structured(schema)
-        given = {k: v for k, v in given.items() if not (v is None and OmegaConf.select(base, k) is not None)}
+        given = {k: v for k, v in given.items() if not (v is None and base[k] is not None)}
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), given)
+        merged = OmegaConf.merge(base, given)
     except OmegaConfBaseException as e:
         raise ValueError(f"{where}: {e.msg if hasattr(e, 'msg') else e}".split("\n")[0]) from None
     out = OmegaConf.to_container(merged, resolve=True)

@@ -125,7 +125,7 @@ def run_one(version: str, work: Path, num_proc: int | None, old_ref: str = OLD_R
     t0 = time.time()
     critic = {"model_dir": str(work / "no-critic"), "delta": 0.5}
     if version == "arrow":  # the critic scores every statement in a stage of its own (split over ranks), then filter
-        generics.scores_stage(cfg, 0, it_dir, critic, Ranks())
+        generics.scores_stage(cfg, it_dir, critic, Ranks())
     summary = generics.filter_stage(cfg, 0, it_dir, critic, None, Ranks())
     return {"version": version, "rows": int((work / "generations" / "rows.txt").read_text()),
             "seconds": round(time.time() - t0, 1), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF)

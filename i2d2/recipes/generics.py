@@ -574,7 +574,7 @@ def read_scores(scores_dir: Path) -> np.ndarray:
     return out
 
 
-def scores_stage(cfg, k: int, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
+def scores_stage(cfg, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
     """Critic scores of every finished generation, split over the ranks like generation (issue: the 16M-row
     paper scale would otherwise score on rank 0 alone); the filter reads them (``read_scores``)."""
     out, gens = it_dir / "critic_scores", it_dir / "generations"
@@ -853,7 +853,7 @@ def _iteration(cfg: DictConfig, k: int, ranks: Ranks, it_dir: Path, generator: s
     prompts_path, prompts = timed("prompts", lambda: prompts_stage(cfg, k, it_dir, lm, tracker, ranks))
     gen = timed("generation", lambda: generation_stage(cfg, it_dir, prompts_path, model_key, lm, tracker, ranks))
     critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, lm, tracker, ranks))
-    timed("critic_scores", lambda: scores_stage(cfg, k, it_dir, critic, ranks))
+    timed("critic_scores", lambda: scores_stage(cfg, it_dir, critic, ranks))
     filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
     held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, tracker, ranks))
     ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))
