@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Sequence
@@ -28,20 +29,56 @@ def dedupe_key(text: str) -> str:
     return " ".join(_NON_WORD.sub(" ", str(text).lower()).split())
 
 
+# Words that change neither what a generic claims nor which statement it is: articles, modals and copulas, the
+# leading Generally/Typically/Usually of I2D2's templates, "etc". ("Beds may be made of wood, metal, plastic, etc."
+# and "A bed is made of wood, plastic, metal." are one statement.) Negations are not here: see _negated.
+_FILLER = frozenset("a an the generally typically usually can could may might will would shall should must is are am "
+                    "be been being was were etc".split())
+_NEGATIONS = frozenset("not no never cannot nothing none nor neither".split())
+
+
+@functools.lru_cache(maxsize=1)
+def _inflect():
+    import inflect
+
+    return inflect.engine()
+
+
+@functools.lru_cache(maxsize=100_000)
+def _singular(word: str) -> str:
+    return (_inflect().singular_noun(word) or word) if len(word) > 3 else word
+
+
+def content_key(text: str) -> str:
+    """The statement's words without the fillers above, nouns in the singular, in sorted order: statements that
+    differ only in word order ("wood, metal, plastic" / "wood, plastic, metal"), article, number, modal or
+    leading adverb get the same key."""
+    words = dedupe_key(str(text).replace("n't", " not")).split()
+    return " ".join(sorted(_singular(w) for w in words if w not in _FILLER))
+
+
+def _negated(text: str) -> bool:
+    return not _NEGATIONS.isdisjoint(dedupe_key(str(text).replace("n't", " not")).split())
+
+
 def near_duplicates(texts: Sequence[str], groups: Sequence[str] | None = None, threshold: float = 90.0,
                     order: Sequence[float] | None = None) -> np.ndarray:
     """For each text, the index of the text it duplicates (itself when it is the group's representative).
 
     Texts are compared within a group (the concept: statements about different concepts are never
-    duplicates, and the comparison stays O(sum of group sizes squared)) after ``dedupe_key``; two texts are
-    near-duplicates when rapidfuzz's ``ratio`` (normalised Indel similarity, 0-100) is >= ``threshold``
-    ("happy with our room" ~ "pleased with our room"). ``order`` (higher first, e.g. the critic score)
-    decides which text of a cluster represents it; ties keep the earlier one.
+    duplicates, and the comparison stays O(sum of group sizes squared)). Two texts are near-duplicates when
+    rapidfuzz's ``ratio`` (normalised Indel similarity, 0-100) is >= ``threshold`` on their ``dedupe_key``
+    ("happy with our room" ~ "pleased with our room") or on their ``content_key`` (the same words in another
+    order, article, number or modal), and both or neither is negated ("Birds can fly." is no duplicate of
+    "Birds cannot fly."). ``order`` (higher first, e.g. the critic score) decides which text of a cluster
+    represents it; ties keep the earlier one.
     """
     from rapidfuzz import fuzz, process
 
     n = len(texts)
     keys = [dedupe_key(t) for t in texts]
+    contents = [content_key(t) for t in texts]
+    negated = np.array([_negated(t) for t in texts], dtype=bool)
     groups = ["" for _ in range(n)] if groups is None else [str(g).lower() for g in groups]
     rank = np.arange(n) if order is None else np.lexsort((np.arange(n), -np.asarray(order, dtype=float)))
     rep = np.arange(n)
@@ -53,7 +90,11 @@ def near_duplicates(texts: Sequence[str], groups: Sequence[str] | None = None, t
             continue
         sim = process.cdist([keys[i] for i in members], [keys[i] for i in members], scorer=fuzz.ratio,
                             dtype=np.uint8, workers=1)
-        close = np.triu(sim >= threshold, k=1)  # j later (lower-ranked) than i
+        sim_content = process.cdist([contents[i] for i in members], [contents[i] for i in members],
+                                    scorer=fuzz.ratio, dtype=np.uint8, workers=1)
+        neg = negated[members]
+        close = (np.maximum(sim, sim_content) >= threshold) & (neg[:, None] == neg[None, :])
+        close = np.triu(close, k=1)  # j later (lower-ranked) than i
         taken = np.zeros(len(members), dtype=bool)
         for a in range(len(members)):  # greedy clustering in rank order; the matrix is already computed
             if taken[a]:

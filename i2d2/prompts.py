@@ -323,10 +323,56 @@ def heldout_concepts(cfg_heldout) -> list[Concept]:
             + [Concept(str(g), "goal", source="task.heldout.goals") for g in cfg_heldout.get("goals") or []])
 
 
+@dataclass
+class Candidates:
+    """The prompt variants of a concept list, grouped per (concept, phrase) pair, and the texts the LM scores."""
+    concepts: list[Concept]
+    errors: list[str]           # malformed concept lines, skipped
+    groups: list[list[Variant]]
+    selection: str
+    forms: list[str]
+    n_without_form: int
+    threshold: float | None     # data.perplexity.threshold
+
+    @property
+    def texts(self) -> list[str]:
+        """What the LM must score: every variant, or nothing when no variant is chosen or dropped by perplexity."""
+        if self.selection == "forms" and self.threshold is None:
+            return []
+        return [v.text for g in self.groups for v in g]
+
+
+def needs_perplexity(cfg_data) -> bool:
+    """Whether prompt building scores variants with the LM (``Candidates.texts`` is not empty)."""
+    return not (check_prompt_selection(cfg_data)[0] == "forms"
+                and _get(cfg_data, "perplexity", {}).get("threshold", 250) is None)
+
+
+def prompt_candidates(cfg_data, concepts: list[Concept] | None = None) -> Candidates:
+    """Load concepts (or take ``concepts``) and build their variant groups; under ``prompt_selection=forms`` each
+    group is already down to its form's variant. Deterministic: every rank that calls it gets the same texts."""
+    errors: list[str] = []
+    concepts = load_concepts(cfg_data, errors) if concepts is None else concepts
+    if not concepts:
+        raise DataError("no concepts loaded: check data.sources " + ("; ".join(errors[:3]) if errors else ""))
+    selection, forms = check_prompt_selection(cfg_data)
+    groups = candidate_groups(concepts, cfg_data)
+    n_without_form = 0
+    if selection == "forms":  # the measured-yield forms (README: prompt forms); perplexity only for the threshold
+        chosen, n_without_form = select_by_form(groups, forms)
+        groups = [[v] for v in chosen]
+    threshold = _get(cfg_data, "perplexity", {}).get("threshold", 250)
+    return Candidates(concepts, errors, groups, selection, forms, n_without_form,
+                      None if threshold is None else float(threshold))
+
+
 def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None,
-                          concepts: list[Concept] | None = None) -> dict:
+                          concepts: list[Concept] | None = None, ppl: np.ndarray | None = None) -> dict:
     """Load concepts (or take ``concepts``), build and score prompt variants, attach constraints, write the
     prompts JSONL.
+
+    ``ppl``: the perplexities of ``prompt_candidates(cfg_data, concepts).texts``, already computed (the loop
+    splits that pass over its ranks); without it the LM scores them here.
 
     The table is a ``datasets.Dataset`` written with ``to_json`` into a temporary file renamed over
     ``out_path``. Malformed concept lines are skipped (``on_error: skip``, listed in the summary and in
@@ -336,30 +382,26 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
 
     t0 = time.time()
     out_path = Path(out_path)
-    errors: list[str] = []
-    concepts = load_concepts(cfg_data, errors) if concepts is None else concepts
+    cand = prompt_candidates(cfg_data, concepts)
+    concepts, errors, groups, selection, forms = cand.concepts, cand.errors, cand.groups, cand.selection, cand.forms
+    n_without_form, threshold = cand.n_without_form, cand.threshold
     for msg in errors[:20]:
         log.warning("skipped malformed concept line %s", msg)
     if len(errors) > 20:
         log.warning("... and %d more malformed concept lines", len(errors) - 20)
-    if not concepts:
-        raise DataError("no concepts loaded: check data.sources " + ("; ".join(errors[:3]) if errors else ""))
-    selection, forms = check_prompt_selection(cfg_data)
-    groups = candidate_groups(concepts, cfg_data)
-    n_without_form = 0
-    if selection == "forms":  # the measured-yield forms (README: prompt forms); perplexity only for the threshold
-        chosen, n_without_form = select_by_form(groups, forms)
-        groups = [[v] for v in chosen]
     texts = [v.text for g in groups for v in g]
     ppl_cfg = _get(cfg_data, "perplexity", {})
-    threshold = ppl_cfg.get("threshold", 250)
-    if selection == "forms" and threshold is None:  # nothing to choose or drop by perplexity: skip the LM pass
+    if ppl is not None:
+        if len(ppl) != len(cand.texts):
+            raise ValueError(f"{len(ppl)} perplexities given for {len(cand.texts)} prompt variants")
+        ppl = np.asarray(ppl, dtype=float)
+    if not cand.texts:  # nothing to choose or drop by perplexity: no LM pass
         ppl = np.full(len(texts), np.nan)
-    else:
+    elif ppl is None:
         ppl = score_texts(model, tokenizer, texts, out_path.parent / f".{out_path.name}.ppl",
                           batch_size=int(_get(ppl_cfg, "batch_size", 32)), per=_get(ppl_cfg, "per", "word"),
                           chunk=int(_get(ppl_cfg, "chunk_size", 1024)))
-    kept, dropped = select_variants(groups, ppl, None if threshold is None else float(threshold))
+    kept, dropped = select_variants(groups, ppl, threshold)
 
     mode = _get(cfg_data, "related_prompts", "both")
     if mode not in ("both", "related", "none"):

@@ -36,6 +36,30 @@ def test_label_set_is_labelled_generations_with_guide_and_config():
     assert 0.15 < np.mean([r["y"] for r in loaded]) < 0.85
 
 
+def test_second_pass_covers_the_test_split_and_agreement_is_measured(monkeypatch):
+    """The blind second labelling covers every test statement, and scripts/label_agreement.py computes agreement
+    and the second labeller's AP from it (the reference a critic's test AP is read against)."""
+    from i2d2.filtering import ends_sentence
+    from i2d2.schemas import CriticConfig, defaults
+
+    monkeypatch.syspath_prepend(str(ANNOTATION_DIR.parents[2] / "scripts"))
+    import label_agreement
+
+    second = read_jsonl(ANNOTATION_DIR / "generics_gemma.second_pass.jsonl")
+    assert {r["label"] for r in second} <= LABELS and len({r["statement"] for r in second}) == len(second)
+    d = defaults(CriticConfig)
+    rows = [r for r in load_annotations([GEMMA]) if ends_sentence(r["statement"])]
+    _, _, te = grouped_split3([r["concept"] for r in rows], np.array([r["y"] for r in rows]), d["dev_fraction"],
+                              d["test_fraction"], d["seed"])
+    assert {rows[i]["statement"] for i in te} <= {r["statement"] for r in second}
+    pairs = label_agreement.paired_labels(GEMMA, ANNOTATION_DIR / "generics_gemma.second_pass.jsonl", None)
+    res = label_agreement.agreement(pairs)
+    assert res["n"] >= 600 and 0.6 < res["kappa_valid"] <= 1 and 0 < res["second_ap"] <= 1
+    # the measure can fail: labels that ignore the first ones agree by chance only
+    shuffled = [(s, a, b) for (s, a, _), (_, _, b) in zip(pairs, pairs[1:] + pairs[:1])]
+    assert abs(label_agreement.agreement(shuffled)["kappa_valid"]) < 0.2
+
+
 def test_no_surface_cue_exists_only_in_the_training_split():
     """A surface-only classifier fit on the critic's training split must not do much better there (out of fold,
     grouped by concept) than on the test split: a larger gap is a cue (adverb, article, length, comma, prompt type,
@@ -139,6 +163,21 @@ def test_near_duplicates_fold_case_hyphens_and_close_wordings():
              "Dogs bark.", "dogs-bark", "Cats purr.", "Dogs bark."]
     rep = near_duplicates(texts, ["h", "h", "d", "d", "c", "x"], order=[0.1, 0.9, 0.5, 0.6, 0.1, 0.1])
     assert rep.tolist() == [1, 1, 3, 3, 4, 5]  # best-scored represents; other concepts never merge
+
+
+def test_near_duplicates_ignore_word_order_article_number_and_modal_but_not_negation():
+    from i2d2.filtering import content_key, near_duplicates
+
+    # pairs from a real kept set (runs of the default loop): the character ratio alone missed each one
+    texts = ["Generally, chairs may be made of wood, metal, plastic, etc.",
+             "Generally, chairs may be made of wood, plastic, metal, etc.",
+             "Generally, a table is used to store information.",
+             "Generally, tables can be used to store information.",
+             "Birds can fly.", "Birds cannot fly.", "Birds can't fly.",
+             "Chairs may be made of wood.", "Chairs can be used to sit on."]
+    assert content_key(texts[0]) == content_key(texts[1]) == "chair made metal of plastic wood"
+    rep = near_duplicates(texts, ["chair", "chair", "table", "table", "bird", "bird", "bird", "chair", "chair"])
+    assert rep.tolist() == [0, 0, 2, 2, 4, 5, 5, 7, 8]  # a negation never merges with its affirmative
 
 
 # ----------------------------------------------------------------------------- prompt forms

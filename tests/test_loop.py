@@ -188,13 +188,25 @@ def test_kill_inside_generation_and_finetune_then_resume(baseline, tmp_path, mon
 def test_ddp_two_processes_split_generation(baseline, tmp_path, monkeypatch):
     base_dir, _ = baseline
     run_dir = tmp_path / "ddp"
+    # a threshold no prompt reaches: the prompt perplexity pass runs (split over the ranks) and drops nothing
     cfg = make_cfg(run_dir, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-                   "trainer.strategy=ddp_fork")
+                   "trainer.strategy=ddp_fork", "data.perplexity.threshold=1e30")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # Lightning then leaves the workers' thread count alone
     r = run(cfg)[0]
     gdir = run_dir / "iter_0" / "generations"
     ranks = {json.loads(m.read_text())["rank"] for m in gdir.glob("shard-*.meta.json")}
     assert ranks == {0, 1}
+    # the prompt variants' perplexities were scored on both ranks, into the same prompt pool
+    shares = sorted(p.name for p in (run_dir / "iter_0" / "prompt_scores").glob("ppl-rank*.npz"))
+    assert shares == ["ppl-rank0.npz", "ppl-rank1.npz"]
+    pool = read_jsonl(run_dir / "iter_0" / "prompts" / "all.jsonl")
+    assert [{**r, "perplexity": None} for r in pool] == read_jsonl(base_dir / "iter_0" / "prompts" / "all.jsonl")
+    from i2d2.models import load_causal_lm
+    from i2d2.perplexity import perplexity
+
+    model, tok = load_causal_lm(cfg.model.name)
+    one_process = perplexity(model.eval(), tok, [r["prompt"] for r in pool], batch_size=32)
+    assert [r["perplexity"] for r in pool] == pytest.approx(one_process, rel=1e-4)
     # the critic scored on both ranks too, and the filter kept what the single-process run kept
     shares = sorted(p.name for p in (run_dir / "iter_0" / "critic_scores").glob("scores-rank*.npz"))
     assert shares == ["scores-rank0.npz", "scores-rank1.npz"]
@@ -205,7 +217,8 @@ def test_ddp_two_processes_split_generation(baseline, tmp_path, monkeypatch):
     assert len(keys) == len(set(keys))  # no duplicates
     prompt_ids = [p["prompt_id"] for p in read_jsonl(run_dir / "iter_0" / "prompts" / "prompts.jsonl")]
     assert sorted({x["prompt_id"] for x in rows}) == sorted(prompt_ids)  # no losses
-    assert strip(rows) == strip(gen_rows(base_dir, 0))  # identical to the single-process run
+    # identical to the single-process run (whose prompts carry no perplexity)
+    assert [{**x, "perplexity": None} for x in strip(rows)] == strip(gen_rows(base_dir, 0))
     assert (run_dir / "iter_0" / "model" / "config.json").exists() and r["finetune_steps"] >= 1
 
 

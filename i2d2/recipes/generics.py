@@ -2,6 +2,7 @@
 
 Iteration k, in ``{run_dir}/iter_{k}/``:
 
+  prompt_scores/  P_0's perplexity of every prompt variant, one share per rank (ppl-rank<r>.npz; iteration 0)
   prompts/      the prompt pool (built once, with P_0, in iteration 0) and the prompts of this iteration
   generations/  NeuroLogic generations of P_k (shards; resumable; split over ranks under DDP), table/ (Arrow)
                 and generations.jsonl (readable export)
@@ -20,10 +21,9 @@ with a fingerprint of its inputs: a finished stage is skipped on restart, an unf
 last finished unit, a stage whose inputs changed is redone.
 
 Multi-process: ``trainer=ddp`` (or DeepSpeed) with several devices relaunches the command once per rank
-(Lightning's launcher) before the first stage; generation, critic scoring and fine-tuning then run on every rank,
-the other stages on rank 0 while the other ranks wait for its result. Fork-based strategies
-(``trainer.strategy=ddp_fork``) keep one main process and fork the ranks for generation, critic scoring and
-fine-tuning.
+(Lightning's launcher) before the first stage; prompt perplexity, generation, critic scoring and fine-tuning then
+run on every rank, the other stages on rank 0 while the other ranks wait for its result. Fork-based strategies
+(``trainer.strategy=ddp_fork``) keep one main process and fork the ranks for those four stages.
 """
 
 from __future__ import annotations
@@ -53,11 +53,12 @@ log = logging.getLogger(__name__)
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-FILTER_FORMAT = 4  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
-# 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table
+FILTER_FORMAT = 5  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
+# 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table; 5: near-duplicates
+# also by content words (filtering.content_key: word order, article, number, modal)
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
-STAGE_FORMAT = {"prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
+STAGE_FORMAT = {"prompt_scores": 1, "prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
                 "finetune": 1}
 TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filter", "finetune", "report", "annotation",
              "heldout"}
@@ -233,6 +234,62 @@ def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None
 _model_id = model_fingerprint  # a local model folder's bytes, else its name
 
 
+def ppl_share(model, tok, texts: list[str], out_dir: Path, ppl_cfg: dict, rank: int = 0, world: int = 1) -> int:
+    """One rank's share of the prompt-perplexity pass: variants ``rank, rank + world, ...`` scored (resumable chunk
+    by chunk) and saved as ``ppl-rank<r>.npz`` (positions, perplexities). Returns how many it scored."""
+    from i2d2.io import atomic_path
+    from i2d2.prompts import score_texts
+
+    mine = np.arange(rank, len(texts), world)
+    ppl = score_texts(model, tok, [texts[i] for i in mine], out_dir / f".work-rank{rank}",
+                      batch_size=int(ppl_cfg.get("batch_size") or 32), per=ppl_cfg.get("per") or "word",
+                      chunk=int(ppl_cfg.get("chunk_size") or 1024), progress=rank == 0)
+    with atomic_path(out_dir / f"ppl-rank{rank}.npz") as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, position=mine, score=ppl)
+    shutil.rmtree(out_dir / f".work-rank{rank}", ignore_errors=True)
+    return len(mine)
+
+
+def _ppl_worker(fabric, model, tok, texts, out_dir, ppl_cfg):
+    """One rank of a forked prompt-perplexity stage (Fabric passes itself first)."""
+    return ppl_share(model.to(fabric.device).eval(), tok, texts, out_dir, ppl_cfg, fabric.global_rank,
+                     fabric.world_size)
+
+
+def prompt_scores_stage(cfg, it_dir: Path, lm, ranks: Ranks) -> Path | None:
+    """P_0's per-word perplexity of every prompt variant (20M at the paper's scale), split over the ranks like
+    generation; the prompts stage reads the joined shares (``read_shares``). None when nothing is chosen or dropped
+    by perplexity (``prompt_selection=forms`` without a threshold)."""
+    from i2d2.prompts import needs_perplexity, prompt_candidates
+
+    if not needs_perplexity(cfg.data):
+        return None
+    out = it_dir / "prompt_scores"
+    ppl_cfg = _plain(_get(cfg.data, "perplexity") or {})
+    # the variants are a function of the data config and files (as in the prompts stage)
+    fp = fingerprint("prompt_scores", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)))
+
+    def fn(d: Path) -> dict:
+        texts = prompt_candidates(cfg.data).texts
+        model, tok = lm()
+        if ranks.mode == "fork":
+            from lightning.fabric import Fabric
+
+            tc = _plain(cfg.trainer)
+            fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
+            fabric.launch(_ppl_worker, model, tok, texts, d, ppl_cfg)
+        else:
+            ppl_share(model.to(_device(cfg)).eval(), tok, texts, d, ppl_cfg,
+                      ranks.rank if ranks.mode == "subprocess" else 0, ranks.world if ranks.mode == "subprocess" else 1)
+        _barrier(ranks)
+        files = sorted(d.glob("ppl-rank*.npz"))
+        return {"n_scored": int(sum(len(np.load(p)["position"]) for p in files)), "ranks": len(files)}
+
+    stage(ranks, out, fp, fn, "prompt_scores", all_ranks=True)
+    return out
+
+
 def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple[Path, dict]:
     from i2d2.prompts import build_generic_prompts
 
@@ -240,10 +297,12 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     pool0 = Path(cfg.run_dir) / "iter_0" / "prompts" / "all.jsonl"
     sampling = cfg.task.get("prompt_sampling", "fixed")
     max_prompts = cfg.task.get("max_prompts")
+    scored = None
     if k == 0:
         # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
         fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
                          max_prompts, sampling, int(cfg.seed))
+        scored = prompt_scores_stage(cfg, it_dir, lm, ranks)
     else:
         if not pool0.exists():
             raise MissingIterationError(f"iteration {k} reuses iteration 0's prompt pool, but {pool0} is missing")
@@ -252,8 +311,8 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     def fn(d: Path) -> dict:
         info: dict = {}
         if k == 0:
-            model, tok = lm()
-            info = build_generic_prompts(cfg.data, model, tok, d / "all.jsonl", tracker=tracker)
+            ppl = read_shares(scored, "ppl") if scored is not None else None
+            info = build_generic_prompts(cfg.data, None, None, d / "all.jsonl", tracker=tracker, ppl=ppl)
         else:
             shutil.copyfile(pool0, d / "all.jsonl")
         pool = read_jsonl(d / "all.jsonl", required=("prompt_id", "prompt", "constraints"))
@@ -562,21 +621,23 @@ def _score_worker(fabric, gens_dir, out_dir, critic_dir, mode, require_end, batc
                        fabric.global_rank, fabric.world_size)
 
 
-def read_scores(scores_dir: Path) -> np.ndarray:
-    """The critic scores of every finished statement, in order, joined from the ranks' shares."""
-    parts = [np.load(p) for p in sorted(Path(scores_dir).glob("scores-rank*.npz"))]
+def read_shares(scores_dir: Path, name: str = "scores") -> np.ndarray:
+    """The scores every rank wrote into ``<name>-rank<r>.npz`` (positions, scores), joined in position order."""
+    parts = [np.load(p) for p in sorted(Path(scores_dir).glob(f"{name}-rank*.npz"))]
     n = sum(len(p["position"]) for p in parts)
     out = np.full(n, np.nan)
+    covered = np.zeros(n, dtype=bool)
     for p in parts:
         out[p["position"]] = p["score"]
-    if np.isnan(out).any():
-        raise RuntimeError(f"{scores_dir}: the ranks' score files do not cover every statement")
+        covered[p["position"]] = True
+    if not covered.all():
+        raise RuntimeError(f"{scores_dir}: the ranks' {name} files do not cover every position")
     return out
 
 
 def scores_stage(cfg, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
     """Critic scores of every finished generation, split over the ranks like generation (issue: the 16M-row
-    paper scale would otherwise score on rank 0 alone); the filter reads them (``read_scores``)."""
+    paper scale would otherwise score on rank 0 alone); the filter reads them (``read_shares``)."""
     out, gens = it_dir / "critic_scores", it_dir / "generations"
     mode = str(_get(cfg.task.filter, "truncate", "sentence"))
     require_end = bool(_get(cfg.task.filter, "require_sentence_end", True))
@@ -616,7 +677,7 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     fp = fingerprint("filter", gens / "table", critic_dir, delta, {a: b for a, b in fcfg.items() if a != "num_proc"}, acfg)
 
     def fn(d: Path) -> dict:
-        scores, pos = read_scores(it_dir / "critic_scores"), [0]  # scored by every rank (scores_stage), in filter order
+        scores, pos = read_shares(it_dir / "critic_scores"), [0]  # scored by every rank (scores_stage), in filter order
 
         def precomputed(texts):
             pos[0] += len(texts)

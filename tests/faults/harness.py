@@ -26,9 +26,12 @@ class Result:
 
 # experiment=smoke task=cmp alone stops in check_downstream_settings (the bundled 3-item fixtures cannot hold out
 # the default dev_size=100); these are the settings tests/test_cmp_train.py runs the recipe with.
+# I2D2's smoke preset skips the prompt perplexity pass (threshold null); a threshold no prompt reaches keeps every
+# prompt and puts the prompt_scores stage under the faults too.
 TASK_OVERRIDES = {"cmp": ["task.downstream.finetune.dev_size=1", "task.downstream.finetune.eval_every=1",
                           "task.downstream.seeds=[0]", "task.downstream.lr_grid=[1e-4]",
-                          "task.downstream.allow_fewer_shots=true"]}
+                          "task.downstream.allow_fewer_shots=true"],
+                  "i2d2": ["data.perplexity.threshold=1e30"]}
 
 
 def command(task: str, run_dir: Path, *overrides: str) -> list[str]:

@@ -28,6 +28,7 @@ FAST = pytest.mark.fast
 # Fault points (prefix:n = the n-th time the run passes a point starting with prefix); see i2d2/faults.py.
 KILLS = {
     "i2d2": [
+        "stage:prompt_scores:1", "write:ppl-rank0.npz:1", "done:prompt_scores:1",
         "stage:prompts:1", "write:prompts.jsonl:1", "done:prompts:1",
         "stage:generation:1", "write:shard-:1", "write:shard-:3", "write:shard-:5",
         "write:generations.jsonl:1", "done:generation:1",
