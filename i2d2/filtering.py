@@ -61,6 +61,19 @@ def _negated(text: str) -> bool:
     return not _NEGATIONS.isdisjoint(dedupe_key(str(text).replace("n't", " not")).split())
 
 
+_LIST_SPLIT = re.compile(r",|;|\b(?:and|or)\b", re.IGNORECASE)
+
+
+def repeats_list_item(text: str) -> bool:
+    """True when an enumeration in the statement names the same short item twice ("cut meat, vegetables, fruits,
+    fruits, vegetables"; "relax, relax, relax"): the model looping inside a list. Items are the 1-2 word pieces
+    between commas / "and" / "or" after the first piece. All 37 such statements of the labelled Gemma set are
+    labelled garbled (i2d2/data/annotations), and the critic keeps some of them."""
+    pieces = [dedupe_key(x) for x in _LIST_SPLIT.split(str(text))[1:]]
+    items = [x for x in pieces if 0 < len(x.split()) <= 2 and x != "etc"]
+    return len(items) != len(set(items))
+
+
 def near_duplicates(texts: Sequence[str], groups: Sequence[str] | None = None, threshold: float = 90.0,
                     order: Sequence[float] | None = None) -> np.ndarray:
     """For each text, the index of the text it duplicates (itself when it is the group's representative).

@@ -165,6 +165,17 @@ def test_near_duplicates_fold_case_hyphens_and_close_wordings():
     assert rep.tolist() == [1, 1, 3, 3, 4, 5]  # best-scored represents; other concepts never merge
 
 
+def test_a_list_that_repeats_an_item_is_flagged_and_labelled_garbled_every_time():
+    from i2d2.filtering import repeats_list_item
+
+    assert repeats_list_item("Generally, kitchen knives can be used to cut meat, vegetables, fruits, fruits, vegetables, etc.")
+    assert repeats_list_item("A fireplace should be a place where you can relax, relax, relax.")
+    assert not repeats_list_item("Generally, kitchen knives can be used to cut meat, fish, vegetables, fruits, etc.")
+    assert not repeats_list_item("Dogs chase cats, and cats chase mice.")  # clauses, not list items
+    flagged = [r["label"] for r in read_jsonl(GEMMA) if repeats_list_item(r["statement"])]
+    assert len(flagged) >= 30 and set(flagged) == {"garbled"}  # the rule's evidence: the labels
+
+
 def test_near_duplicates_ignore_word_order_article_number_and_modal_but_not_negation():
     from i2d2.filtering import content_key, near_duplicates
 

@@ -251,3 +251,36 @@ def test_next_token_of_started_word_survives_pruning(gpt2):
     assert gens and gens[0].all_satisfied, gens
     for g in gens:
         assert g.all_satisfied == bool(occurrences(g.text, "cat")), g
+
+
+# ------------------------------------------------------------------ words whose path opens with a lone space
+def _cheaper_lm(model, tok, after_comma, after_space):
+    return bigram_lm(model, tok, {"Ġdog": {",": 3.0}, ",": after_comma, "Ġ": after_space, "C": {"heaper": 3.0},
+                                  "heaper": {".": 3.0}, "Ġcheaper": {".": 3.0}, ".": {"EOS": 3.0}}, {"Ġdog": 3.0})
+
+
+def test_space_led_word_is_not_forced_after_any_separator(gpt2):
+    """' Cheaper' is 'Ġ' 'C' 'heaper' on this vocabulary. After ',' the trie is at its root as after 'Ġ'; the
+    second token 'C' must not be forced there as a started literal (it skipped the threshold and glued the word
+    to the comma: 'dog,Cheaper.')."""
+    model, tok = gpt2
+    assert tok.convert_ids_to_tokens(tok.encode(" Cheaper", add_special_tokens=False)) == ["Ġ", "C", "heaper"]
+    h = _cheaper_lm(model, tok, {"EOS": 3.0, "Ġcheaper": -7.0, "C": -8.0}, {"C": 0.0})
+    try:
+        gens = decode(model, tok, "Apples are", ConstraintSet([Clause([Literal("cheaper")])]), prune_factor=2)
+        assert gens and all(g.all_satisfied for g in gens)
+        assert not [g.text for g in gens if ",C" in g.text]
+    finally:
+        h.remove()
+
+
+def test_space_led_word_continues_after_its_own_space(gpt2):
+    """Once the lone 'Ġ' that opens ' Cheaper' is out, 'C' is the literal's next token: it survives pruning even
+    below the threshold, and the word is finished."""
+    model, tok = gpt2
+    h = _cheaper_lm(model, tok, {"Ġ": 2.0, "EOS": 3.0}, {"Ġdog": 3.0, "D": 2.0, "C": -8.0})
+    try:
+        gens = decode(model, tok, "Apples are", ConstraintSet([Clause([Literal("cheaper")])]), prune_factor=2)
+        assert any(g.all_satisfied and "dog, Cheaper." in g.text for g in gens), [g.text for g in gens]
+    finally:
+        h.remove()

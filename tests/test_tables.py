@@ -28,9 +28,11 @@ ROWS = [
     _row(5, "cat", "purr when happy.", ok=False),  # constraint violated
     _row(6, "cat", "sleep a lot."),              # kept
     _row(7, "cat", "like fish."),                # over the per-concept cap of 2
+    _row(8, "cat", "eat fish, mice, birds and mice."),  # a list that names an item twice
 ]
 SCORES = {"Dogs bark loudly.": 0.9, "Dogs bark loudly!": 0.8, "Dogs chase cats.": 0.1, "Cats .": 0.95,
-          "Cats purr when happy.": 0.9, "Cats sleep a lot.": 0.85, "Cats like fish.": 0.7}
+          "Cats purr when happy.": 0.9, "Cats sleep a lot.": 0.85, "Cats like fish.": 0.7,
+          "Cats eat fish, mice, birds and mice.": 0.99}
 
 
 def _gens(tmp_path, rows=ROWS):
@@ -54,17 +56,18 @@ def test_filter_over_arrow_table(tmp_path, num_proc):
     reasons = dict(zip(dropped["statement"], dropped["drop_reason"]))
     assert reasons == {"Dogs bark loudly!": "duplicate", "Dogs have four legs": "unfinished",
                        "Dogs chase cats.": "critic", "Cats purr when happy.": "constraints",
-                       "Cats like fish.": "concept_cap"}
+                       "Cats like fish.": "concept_cap", "Cats eat fish, mice, birds and mice.": "repeated_item"}
     dup = dropped.filter(lambda r: r["drop_reason"] == "duplicate")
     assert dup["duplicate_of"] == ["Dogs bark loudly."]
     assert dropped.filter(lambda r: r["drop_reason"] == "unfinished")["critic_score"] == [None]
-    assert summary["n_kept"] == 3 and summary["n_in"] == 8 and summary["n_dropped_unfinished"] == 1
+    assert summary["n_kept"] == 3 and summary["n_in"] == 9 and summary["n_dropped_unfinished"] == 1
     assert summary["n_truncated"] == 1 and summary["n_dropped_duplicates"] == 1
     assert summary["n_dropped_constraints"] == 1 and summary["n_dropped_concept_cap"] == 1
-    assert summary["accepted_rate"] == 6 / 8  # critic > δ and not empty, before constraints/dedupe/cap
+    assert summary["n_dropped_repeated_items"] == 1
+    assert summary["accepted_rate"] == 7 / 9  # critic > δ and not empty, before constraints/dedupe/cap
     # the readable export is the kept table, row for row; the scores table covers every scored row
     assert read_jsonl(out / "kept.jsonl") == kept.to_list()
-    assert len(read_table(out / "scores")) == 7 and not (out / ".work").exists()
+    assert len(read_table(out / "scores")) == 8 and not (out / ".work").exists()
 
 
 def test_tables_reject_bad_input(tmp_path):

@@ -86,6 +86,11 @@ class Compiled:
     # paths [Wc, 2, Tm]
     path_tok: torch.Tensor
     path_node: torch.Tensor
+    path_first: torch.Tensor  # [Wc, 2] the first token of each path
+    # [Wc, 2] the second token of a path whose first token spells no letter of the word (a lone space: the trie is
+    # back at its root after it), else -1: proposed once that first token is out (see node_cont_tok)
+    path_resume: torch.Tensor
+    has_resume: bool
     # per trie node: the tokens that continue a literal word whose canonical path passes the node, and that word
     node_cont_tok: torch.Tensor  # [Nn, J] (-1 = none)
     node_cont_word: torch.Tensor  # [Nn, J] (-3 = none)
@@ -232,11 +237,18 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
             v = (variants[wi] + variants[wi])[vi]
             for d in range(1, len(v) + 1):
                 prefix_node[wi, vi, d] = node_of[v[:d]]
-    conts: dict = {}  # node -> {(word, next token)}
+    # node -> {(word, next token)}. Not the root: every separator leads back there, so a root entry (the second
+    # token of a path that opens with a lone space) would be proposed after any "," or " " and, forced as a
+    # started literal, would skip the threshold and a dynamic clause's top-k; it also made J the number of such
+    # words (414 instead of 35 for the NeuroComparatives lists). path_resume proposes it after its own first token.
+    conts: dict = {}
+    path_resume = np.full((Wc, 2), -1, dtype=np.int64)
     for wi, per in enumerate(paths):
-        for toks, nodes in per:
+        for vi, (toks, nodes) in enumerate(per):
+            if len(toks) > 1 and nodes[0] == ROOT:
+                path_resume[wi, vi] = toks[1]
             for j in range(len(toks) - 1):
-                if nodes[j] >= 0:
+                if nodes[j] > ROOT:
                     conts.setdefault(nodes[j], set()).add((wi, toks[j + 1]))
     J = max([len(c) for c in conts.values()] + [1])
     node_cont_tok = np.full((len(node_word), J), -1, dtype=np.int64)
@@ -381,6 +393,8 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         pos_valid=dv(pos_valid), pos_clause=dv(pos_clause), pos_dyn=dv(pos_dyn), pos_charlen=dv(pos_charlen),
         node_prog=dv(node_prog), dyn_topk=dv(dyn_topk), D=D, has_dyn=bool((pos_dyn >= 0).any()),
         dyn_kmax=[int(x) for x in dyn_topk.max(0)], path_tok=dv(path_tok), path_node=dv(path_node),
+        path_first=dv(np.ascontiguousarray(path_tok[:, :, 0])), path_resume=dv(path_resume),
+        has_resume=bool((path_resume >= 0).any()),
         node_cont_tok=dv(node_cont_tok), node_cont_word=dv(node_cont_word),
         prefix_node=dv(prefix_node), words=wlist,
     )

@@ -34,7 +34,7 @@ import torch
 
 from i2d2.schemas import DecodingConfig
 
-from .compile import DEAD, NO_EVENT, OTHER, Compiled, compile_batch
+from .compile import DEAD, NO_EVENT, OTHER, ROOT, Compiled, compile_batch
 from .constraints import ConstraintError, ConstraintSet, validate
 from .vocab import token_tables
 
@@ -370,7 +370,9 @@ class NeuroLogicDecoder:
             best = torch.maximum(best, torch.where(unsat, frac, torch.zeros_like(frac)).max(-1).values)
         return best
 
-    def _lookahead(self, cp: Compiled, lt, st: _State, lp, A: int, thresh):
+    def _lookahead(self, cp: Compiled, lt, st: _State, lp, A: int, thresh, prev):
+        """Constraint tokens proposed beside the LM's top tokens: [N, A] tokens and whether each is real.
+        ``prev`` [N]: each hypothesis's last token (-1 before the first)."""
         N = lp.shape[0]
         ph = lt["pos_ph2"]
         if cp.Lph:
@@ -384,7 +386,7 @@ class NeuroLogicDecoder:
         prog = prog + pend_done.long()
         live = prog < lt["pos_len2"]
         words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
-        start = cp.path_tok[:, :, 0][words]  # [N, Lp, 2]: first token of each variant of the current word
+        start = cp.path_first[words]  # [N, Lp, 2]: first token of each variant of the current word
         unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
@@ -404,12 +406,18 @@ class NeuroLogicDecoder:
             start_ok = unsat & ((dyn < 0) | promoted)
         else:
             start_ok = unsat
+        started_start = (start_ok & (prog > 0))[..., None].expand_as(start)
+        if cp.has_resume:  # the path's lone-space first token is out (and left the trie at its root): its second
+            resume = cp.path_resume[words]
+            resume_ok = (resume >= 0) & (st.node == ROOT)[:, None, None] & (prev[:, None, None] == start)
+            start = torch.where(resume_ok, resume, start)
+            started_start = started_start | resume_ok
         toks = torch.cat([torch.where(start_ok[..., None], start, -1).reshape(N, -1),
                           torch.where(cont_ok, cont, -1)], -1)
         # the next token of a literal already under way (inside its word, or the next word of a started phrase)
         # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
         # small vocabulary) are started and dropped
-        started = torch.cat([(start_ok & (prog > 0))[..., None].expand_as(start).reshape(N, -1), cont_ok], -1)
+        started = torch.cat([started_start.reshape(N, -1), cont_ok], -1)
         tlp = lp.gather(1, toks.clamp(min=0))
         good = (toks >= 0) & torch.isfinite(tlp) & ((tlp >= thresh[:, None]) | started)
         key = torch.where(good, tlp + started * _KEEP_FIRST, NEG)  # started literals take the first slots
@@ -482,6 +490,7 @@ class NeuroLogicDecoder:
         alpha = cfg.length_penalty
         n_gram = cfg.no_repeat_ngram_size
         ar_B = torch.arange(B, device=d)
+        no_prev = torch.full((N,), -1, dtype=torch.long, device=d)
 
         with torch.inference_mode():
             logits, cache, am, pos = self._prefill(prompts, K)
@@ -497,7 +506,7 @@ class NeuroLogicDecoder:
                 cand = topi[:, :M]
                 cvalid = torch.isfinite(topv[:, :M])
                 if has_positive:
-                    la, la_ok = self._lookahead(cp, lt, st, lp, A, thresh)
+                    la, la_ok = self._lookahead(cp, lt, st, lp, A, thresh, hist[:, t - 1] if t else no_prev)
                     cand = torch.cat([cand, la.clamp(min=0)], 1)
                     cvalid = torch.cat([cvalid, la_ok], 1)
                     # de-duplicate (a lookahead token may already be a top token)

@@ -55,7 +55,7 @@ REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
 FILTER_FORMAT = 5  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
 # 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table; 5: near-duplicates
-# also by content words (filtering.content_key: word order, article, number, modal)
+# also by content words (filtering.content_key: word order, article, number, modal); lists repeating an item dropped
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
 STAGE_FORMAT = {"prompt_scores": 1, "prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
@@ -475,7 +475,7 @@ def truncate(text: str, mode: str = "sentence") -> str:
 
 
 SCORE_CHUNK = 65536  # statements per critic call: the filter never holds every statement in one Python list
-DROP_REASONS = ("unfinished", "critic", "empty", "constraints", "duplicate", "concept_cap")
+DROP_REASONS = ("unfinished", "critic", "empty", "constraints", "duplicate", "concept_cap", "repeated_item")
 
 
 def _prepare_batch(batch: dict, mode: str) -> dict:
@@ -510,7 +510,7 @@ def _concept_cap(scores: np.ndarray, concepts: np.ndarray, cap: int) -> np.ndarr
 def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.ndarray], delta: float, fcfg: dict,
                        tracker=None, num_proc: int | None = None) -> tuple[dict, Any, Any]:
     """The filter over the generation table of the stage folder ``gens_dir``: truncate, drop unfinished, critic score > δ, empty,
-    constraints, near-duplicates, per-concept cap. Rows stay in Arrow (memory-mapped); only per-row numbers and
+    constraints, a list that repeats an item, near-duplicates, per-concept cap. Rows stay in Arrow (memory-mapped); only per-row numbers and
     the kept statements are held in memory. Writes ``kept/``, ``dropped/``, ``scores/`` tables and ``kept.jsonl``;
     returns (summary, kept, dropped)."""
     from i2d2.filtering import near_duplicates, write_filtered
@@ -541,6 +541,12 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
         unsat = pc.fill_null(pc.equal(_column(ds, "all_satisfied"), False), False).to_numpy(zero_copy_only=False)
         reason[(reason < 0) & unsat] = 3
     n_unsat = int((reason == 3).sum())
+    if fcfg.get("drop_repeated_items", True):  # a list that names an item twice: labelled garbled every time
+        from i2d2.filtering import repeats_list_item
+
+        idx = np.flatnonzero(reason < 0)
+        looped = np.array([repeats_list_item(t) for t in _column(ds.select(idx), "statement").to_pylist()], dtype=bool)
+        reason[idx[looped]] = 6
     # concepts as integer codes (case folded, as near_duplicates groups them): no Python string per row
     concepts = (pc.utf8_lower(pc.cast(_column(ds, "concept"), pa.string())) if "concept" in ds.column_names
                 else pa.chunked_array([pa.array([""] * n, pa.string())]))
@@ -572,7 +578,7 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
     summary.update(accepted_rate=accepted / n if n else 0.0, n_dropped_constraints=n_unsat,
                    n_dropped_unfinished=int((reason == 0).sum()), n_dropped_concept_cap=int((reason == 5).sum()),
                    n_truncated=n - _column(ds, "generation_raw").null_count, n_empty=int(empty.sum()),
-                   n_dropped_duplicates=int((reason == 4).sum()))
+                   n_dropped_duplicates=int((reason == 4).sum()), n_dropped_repeated_items=int((reason == 6).sum()))
     from i2d2.io import read_table
 
     kept, dropped = read_table(d / "kept"), read_table(d / "dropped")  # the saved tables, not the work cache
