@@ -29,12 +29,14 @@ def dedupe_key(text: str) -> str:
     return " ".join(_NON_WORD.sub(" ", str(text).lower()).split())
 
 
-# Words that change neither what a generic claims nor which statement it is: articles, modals and copulas, the
-# leading Generally/Typically/Usually of I2D2's templates, "etc". ("Beds may be made of wood, metal, plastic, etc."
-# and "A bed is made of wood, plastic, metal." are one statement.) Negations are not here: see _negated.
-_FILLER = frozenset("a an the generally typically usually can could may might will would shall should must is are am "
-                    "be been being was were etc".split())
+# Words that change neither what a generic claims nor which statement it is: articles, the possibility modals and
+# copulas, the leading Generally/Typically/Usually of I2D2's templates, "etc". ("Beds may be made of wood, metal,
+# plastic, etc." and "A bed is made of wood, plastic, metal." are one statement.) Not here: negations (see _negated),
+# quantifiers ("always", "some") and the deontic should/must, which change the claim.
+_FILLER = frozenset("a an the generally typically usually can could may might will would is are am be been being was "
+                    "were etc".split())
 _NEGATIONS = frozenset("not no never cannot nothing none nor neither".split())
+_NT = re.compile(r"n[’']t\b")
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,48 +51,62 @@ def _singular(word: str) -> str:
     return (_inflect().singular_noun(word) or word) if len(word) > 3 else word
 
 
+def _words(text: str) -> list[str]:
+    """dedupe_key's words with "n't" / "n’t" spelt " not"."""
+    return dedupe_key(_NT.sub(" not", str(text))).split()
+
+
 def content_key(text: str) -> str:
-    """The statement's words without the fillers above, nouns in the singular, in sorted order: statements that
-    differ only in word order ("wood, metal, plastic" / "wood, plastic, metal"), article, number, modal or
+    """The statement's words without the fillers above, each passed through inflect's singular_noun (plural and
+    singular nouns meet; other words change the same way on both sides), in sorted order: statements that differ
+    only in word order ("wood, metal, plastic" / "wood, plastic, metal"), article, number, possibility modal or
     leading adverb get the same key."""
-    words = dedupe_key(str(text).replace("n't", " not")).split()
-    return " ".join(sorted(_singular(w) for w in words if w not in _FILLER))
+    return " ".join(sorted(_singular(w) for w in _words(text) if w not in _FILLER))
 
 
 def _negated(text: str) -> bool:
-    return not _NEGATIONS.isdisjoint(dedupe_key(str(text).replace("n't", " not")).split())
+    return not _NEGATIONS.isdisjoint(_words(text))
 
 
 _LIST_SPLIT = re.compile(r",|;|\b(?:and|or)\b", re.IGNORECASE)
 
 
 def repeats_list_item(text: str) -> bool:
-    """True when an enumeration in the statement names the same short item twice ("cut meat, vegetables, fruits,
-    fruits, vegetables"; "relax, relax, relax"): the model looping inside a list. Items are the 1-2 word pieces
-    between commas / "and" / "or" after the first piece. All 37 such statements of the labelled Gemma set are
-    labelled garbled (i2d2/data/annotations), and the critic keeps some of them."""
-    pieces = [dedupe_key(x) for x in _LIST_SPLIT.split(str(text))[1:]]
-    items = [x for x in pieces if 0 < len(x.split()) <= 2 and x != "etc"]
-    return len(items) != len(set(items))
+    """True when one enumeration in the statement names the same short item twice ("cut meat, vegetables, fruits,
+    fruits, vegetables"; "relax, relax, relax"): the model looping inside a list. An enumeration is a run of
+    consecutive 1-2 word pieces between commas / "and" / "or" after the first piece; a longer piece ends it
+    ("fly, walk, or swim, and some can walk and swim" holds two). All 37 such statements of the labelled Gemma
+    set are labelled garbled (i2d2/data/annotations), and the critic keeps some of them."""
+    run: list[str] = []
+    for piece in (dedupe_key(x) for x in _LIST_SPLIT.split(str(text))[1:]):
+        n = len(piece.split())
+        if n > 2:
+            run = []
+        elif n and piece != "etc":
+            if piece in run:
+                return True
+            run.append(piece)
+    return False
 
 
 def near_duplicates(texts: Sequence[str], groups: Sequence[str] | None = None, threshold: float = 90.0,
-                    order: Sequence[float] | None = None) -> np.ndarray:
+                    order: Sequence[float] | None = None, by_content: bool = False) -> np.ndarray:
     """For each text, the index of the text it duplicates (itself when it is the group's representative).
 
     Texts are compared within a group (the concept: statements about different concepts are never
     duplicates, and the comparison stays O(sum of group sizes squared)). Two texts are near-duplicates when
     rapidfuzz's ``ratio`` (normalised Indel similarity, 0-100) is >= ``threshold`` on their ``dedupe_key``
-    ("happy with our room" ~ "pleased with our room") or on their ``content_key`` (the same words in another
-    order, article, number or modal), and both or neither is negated ("Birds can fly." is no duplicate of
-    "Birds cannot fly."). ``order`` (higher first, e.g. the critic score) decides which text of a cluster
-    represents it; ties keep the earlier one.
+    ("happy with our room" ~ "pleased with our room") or, with ``by_content``, their ``content_key`` is the same
+    (the same words in another order, article, number or possibility modal), and both or neither is negated
+    ("Birds can fly." is no duplicate of "Birds can’t fly."). ``by_content`` suits generics: sorted words also
+    equate "Cats chase mice." with "Mice chase cats.", which comparatives must keep apart. ``order`` (higher
+    first, e.g. the critic score) decides which text of a cluster represents it; ties keep the earlier one.
     """
     from rapidfuzz import fuzz, process
 
     n = len(texts)
     keys = [dedupe_key(t) for t in texts]
-    contents = [content_key(t) for t in texts]
+    contents = np.array([content_key(t) for t in texts] if by_content else range(n), dtype=object)
     negated = np.array([_negated(t) for t in texts], dtype=bool)
     groups = ["" for _ in range(n)] if groups is None else [str(g).lower() for g in groups]
     rank = np.arange(n) if order is None else np.lexsort((np.arange(n), -np.asarray(order, dtype=float)))
@@ -103,10 +119,8 @@ def near_duplicates(texts: Sequence[str], groups: Sequence[str] | None = None, t
             continue
         sim = process.cdist([keys[i] for i in members], [keys[i] for i in members], scorer=fuzz.ratio,
                             dtype=np.uint8, workers=1)
-        sim_content = process.cdist([contents[i] for i in members], [contents[i] for i in members],
-                                    scorer=fuzz.ratio, dtype=np.uint8, workers=1)
-        neg = negated[members]
-        close = (np.maximum(sim, sim_content) >= threshold) & (neg[:, None] == neg[None, :])
+        ck, neg = contents[members], negated[members]
+        close = ((sim >= threshold) | (ck[:, None] == ck[None, :])) & (neg[:, None] == neg[None, :])
         close = np.triu(close, k=1)  # j later (lower-ranked) than i
         taken = np.zeros(len(members), dtype=bool)
         for a in range(len(members)):  # greedy clustering in rank order; the matrix is already computed

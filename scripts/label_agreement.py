@@ -44,8 +44,8 @@ def paired_labels(first_path: Path, second_path: Path, sample: str | None) -> li
 
 
 def critic_scores(path: Path) -> dict[str, float]:
-    """A critic's scores by statement; a critic that reads canonical statements (``critic.canonicalize``) is
-    looked up by the canonical form too."""
+    """A critic's scores by statement, as its test_scores.jsonl spells them (``agreement`` also looks a statement up
+    by its canonical form, for a critic that reads canonical statements: ``critic.canonicalize``)."""
     from i2d2.io import read_jsonl
 
     return {r["statement"]: float(r["critic_score"]) for r in read_jsonl(path, required=("statement", "critic_score"))}

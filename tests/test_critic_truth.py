@@ -172,6 +172,7 @@ def test_a_list_that_repeats_an_item_is_flagged_and_labelled_garbled_every_time(
     assert repeats_list_item("A fireplace should be a place where you can relax, relax, relax.")
     assert not repeats_list_item("Generally, kitchen knives can be used to cut meat, fish, vegetables, fruits, etc.")
     assert not repeats_list_item("Dogs chase cats, and cats chase mice.")  # clauses, not list items
+    assert not repeats_list_item("Birds can fly, walk, or swim, and some can walk and swim.")  # two lists
     flagged = [r["label"] for r in read_jsonl(GEMMA) if repeats_list_item(r["statement"])]
     assert len(flagged) >= 30 and set(flagged) == {"garbled"}  # the rule's evidence: the labels
 
@@ -184,11 +185,15 @@ def test_near_duplicates_ignore_word_order_article_number_and_modal_but_not_nega
              "Generally, chairs may be made of wood, plastic, metal, etc.",
              "Generally, a table is used to store information.",
              "Generally, tables can be used to store information.",
-             "Birds can fly.", "Birds cannot fly.", "Birds can't fly.",
-             "Chairs may be made of wood.", "Chairs can be used to sit on."]
+             "Birds can fly.", "Birds cannot fly.", "Birds can’t fly.",
+             "Chairs may be made of wood.", "Chairs should always be made of wood."]
     assert content_key(texts[0]) == content_key(texts[1]) == "chair made metal of plastic wood"
-    rep = near_duplicates(texts, ["chair", "chair", "table", "table", "bird", "bird", "bird", "chair", "chair"])
-    assert rep.tolist() == [0, 0, 2, 2, 4, 5, 5, 7, 8]  # a negation never merges with its affirmative
+    groups = ["chair", "chair", "table", "table", "bird", "bird", "bird", "chair", "chair"]
+    rep = near_duplicates(texts, groups, by_content=True)
+    # a negation (curly apostrophe too) never merges with its affirmative; "should always" changes the claim
+    assert rep.tolist() == [0, 0, 2, 2, 4, 5, 5, 7, 8]
+    assert near_duplicates(texts, groups).tolist()[:4] == [0, 1, 2, 3]  # comparatives: word order matters
+    assert near_duplicates(["Cats are bigger than mice.", "Mice are bigger than cats."]).tolist() == [0, 1]
 
 
 # ----------------------------------------------------------------------------- prompt forms

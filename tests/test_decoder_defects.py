@@ -284,3 +284,18 @@ def test_space_led_word_continues_after_its_own_space(gpt2):
         assert any(g.all_satisfied and "dog, Cheaper." in g.text for g in gens), [g.text for g in gens]
     finally:
         h.remove()
+
+
+def test_space_led_word_of_a_dynamic_clause_continues_after_its_own_space(gpt2):
+    """The same with a dynamic clause: its top-k ranks words by their first token, which says nothing once the
+    lone space is out; the started word goes on, as a continuation would."""
+    from i2d2.decoding import DynamicClause
+
+    model, tok = gpt2
+    h = _cheaper_lm(model, tok, {"Ġ": 2.0, "EOS": 3.0}, {"Ġdog": 3.0, "D": 2.0, "C": -8.0})
+    try:
+        gens = decode(model, tok, "Apples are", ConstraintSet(dynamic=[DynamicClause(["cheaper"], top_k=1)]),
+                      prune_factor=2)
+        assert any(g.all_satisfied and "dog, Cheaper." in g.text for g in gens), [g.text for g in gens]
+    finally:
+        h.remove()

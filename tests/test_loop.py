@@ -5,6 +5,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -254,3 +255,22 @@ def test_missing_previous_iteration_and_bad_config(tmp_path):
     for override, msg in bad.items():
         with pytest.raises(ConfigError, match=msg):
             generics.check_config(make_cfg(tmp_path / "x", override))
+
+
+def test_rank_shares_are_kept_when_finished_and_must_cover_every_item(tmp_path):
+    """A rank whose share survived a kill keeps it (its positions match); a stage is only marked done when the
+    shares cover every item (a share missing, e.g. from a rank that died, is an error, not a short table)."""
+    from i2d2.recipes.generics import _check_shares, _share_done, read_shares
+
+    def share(rank, pos):
+        np.savez(tmp_path / f"ppl-rank{rank}.npz", position=np.array(pos), score=np.array(pos, dtype=float) / 10)
+
+    share(0, [0, 2])
+    assert _share_done(tmp_path / "ppl-rank0.npz", np.array([0, 2]))
+    assert not _share_done(tmp_path / "ppl-rank0.npz", np.array([0, 3]))  # another split: scored again
+    assert not _share_done(tmp_path / "ppl-rank1.npz", np.array([1, 3]))
+    with pytest.raises(RuntimeError, match="hold 2 scores for 4 items"):
+        _check_shares(tmp_path, "ppl", 4)
+    share(1, [1, 3])
+    assert _check_shares(tmp_path, "ppl", 4) == {"n_scored": 4, "ranks": 2}
+    assert read_shares(tmp_path, "ppl").tolist() == [0.0, 0.1, 0.2, 0.3]

@@ -406,14 +406,18 @@ class NeuroLogicDecoder:
             start_ok = unsat & ((dyn < 0) | promoted)
         else:
             start_ok = unsat
-        started_start = (start_ok & (prog > 0))[..., None].expand_as(start)
+        start_ok = start_ok[..., None].expand_as(start)  # per variant
+        started_start = start_ok & (prog > 0)[..., None]
         if cp.has_resume:  # the path's lone-space first token is out (and left the trie at its root): its second
+            # token is next. The word is under way, so like a continuation it skips a dynamic clause's top-k (ranked
+            # by first tokens, which say nothing here) and the threshold
             resume = cp.path_resume[words]
-            resume_ok = (resume >= 0) & (st.node == ROOT)[:, None, None] & (prev[:, None, None] == start)
+            resume_ok = ((resume >= 0) & (st.node == ROOT)[:, None, None] & (prev[:, None, None] == start)
+                         & (unsat & ~pend_done)[..., None])
             start = torch.where(resume_ok, resume, start)
+            start_ok = start_ok | resume_ok
             started_start = started_start | resume_ok
-        toks = torch.cat([torch.where(start_ok[..., None], start, -1).reshape(N, -1),
-                          torch.where(cont_ok, cont, -1)], -1)
+        toks = torch.cat([torch.where(start_ok, start, -1).reshape(N, -1), torch.where(cont_ok, cont, -1)], -1)
         # the next token of a literal already under way (inside its word, or the next word of a started phrase)
         # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
         # small vocabulary) are started and dropped

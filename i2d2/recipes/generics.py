@@ -234,6 +234,26 @@ def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None
 _model_id = model_fingerprint  # a local model folder's bytes, else its name
 
 
+def _share_done(path: Path, mine: np.ndarray) -> bool:
+    """A rank's share file from an earlier, killed attempt at the same stage inputs: kept when it covers ``mine``
+    (the stage's fingerprint holds the inputs and the number of ranks)."""
+    if not path.exists():
+        return False
+    try:
+        return np.array_equal(np.load(path)["position"], mine)
+    except Exception:  # a damaged file is scored again
+        return False
+
+
+def _check_shares(d: Path, name: str, n: int) -> dict:
+    """The summary of an all-ranks scoring stage, after checking that the shares cover positions 0..n-1."""
+    files = sorted(d.glob(f"{name}-rank*.npz"))
+    got = int(sum(len(np.load(p)["position"]) for p in files))
+    if got != n:
+        raise RuntimeError(f"{d}: the {len(files)} {name}-rank*.npz shares hold {got} scores for {n} items")
+    return {"n_scored": got, "ranks": len(files)}
+
+
 def ppl_share(model, tok, texts: list[str], out_dir: Path, ppl_cfg: dict, rank: int = 0, world: int = 1) -> int:
     """One rank's share of the prompt-perplexity pass: variants ``rank, rank + world, ...`` scored (resumable chunk
     by chunk) and saved as ``ppl-rank<r>.npz`` (positions, perplexities). Returns how many it scored."""
@@ -241,6 +261,8 @@ def ppl_share(model, tok, texts: list[str], out_dir: Path, ppl_cfg: dict, rank: 
     from i2d2.prompts import score_texts
 
     mine = np.arange(rank, len(texts), world)
+    if _share_done(out_dir / f"ppl-rank{rank}.npz", mine):
+        return len(mine)
     ppl = score_texts(model, tok, [texts[i] for i in mine], out_dir / f".work-rank{rank}",
                       batch_size=int(ppl_cfg.get("batch_size") or 32), per=ppl_cfg.get("per") or "word",
                       chunk=int(ppl_cfg.get("chunk_size") or 1024), progress=rank == 0)
@@ -267,11 +289,11 @@ def prompt_scores_stage(cfg, it_dir: Path, lm, ranks: Ranks) -> Path | None:
         return None
     out = it_dir / "prompt_scores"
     ppl_cfg = _plain(_get(cfg.data, "perplexity") or {})
-    # the variants are a function of the data config and files (as in the prompts stage)
-    fp = fingerprint("prompt_scores", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)))
+    texts = prompt_candidates(cfg.data).texts
+    # what the scores depend on: the texts, the unit, the model and the number of shares (not the threshold)
+    fp = fingerprint("prompt_scores", texts, ppl_cfg.get("per") or "word", _model_id(str(cfg.model.name)), ranks.world)
 
     def fn(d: Path) -> dict:
-        texts = prompt_candidates(cfg.data).texts
         model, tok = lm()
         if ranks.mode == "fork":
             from lightning.fabric import Fabric
@@ -283,8 +305,7 @@ def prompt_scores_stage(cfg, it_dir: Path, lm, ranks: Ranks) -> Path | None:
             ppl_share(model.to(_device(cfg)).eval(), tok, texts, d, ppl_cfg,
                       ranks.rank if ranks.mode == "subprocess" else 0, ranks.world if ranks.mode == "subprocess" else 1)
         _barrier(ranks)
-        files = sorted(d.glob("ppl-rank*.npz"))
-        return {"n_scored": int(sum(len(np.load(p)["position"]) for p in files)), "ranks": len(files)}
+        return _check_shares(d, "ppl", len(texts))
 
     stage(ranks, out, fp, fn, "prompt_scores", all_ranks=True)
     return out
@@ -302,7 +323,8 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
         # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
         fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
                          max_prompts, sampling, int(cfg.seed))
-        scored = prompt_scores_stage(cfg, it_dir, lm, ranks)
+        if stage_done(out, fingerprint(fp, STAGE_FORMAT["prompts"])) is None:  # a built pool needs no scores
+            scored = prompt_scores_stage(cfg, it_dir, lm, ranks)
     else:
         if not pool0.exists():
             raise MissingIterationError(f"iteration {k} reuses iteration 0's prompt pool, but {pool0} is missing")
@@ -556,7 +578,7 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
         idx = np.flatnonzero(reason < 0)
         statements = _column(ds.select(idx), "statement").to_pylist()  # the accepted rows only
         rep = near_duplicates(statements, concept_code[idx].tolist(), threshold=float(fcfg.get("near_duplicate_ratio", 90)),
-                              order=critic_score[idx])
+                              order=critic_score[idx], by_content=bool(fcfg.get("dedupe_by_content", True)))
         dup = np.flatnonzero(rep != np.arange(len(idx)))
         reason[idx[dup]] = 4
         duplicate_src[idx[dup]] = idx[rep[dup]]
@@ -604,12 +626,16 @@ def finished_statements(gens_dir: Path, work: Path, mode: str, require_end: bool
 def score_share(gens_dir: Path, out_dir: Path, critic_dir: Path, mode: str, require_end: bool, batch_size: int,
                 device: str, rank: int = 0, world: int = 1) -> int:
     """One rank's share of the critic scoring: finished statements ``rank, rank + world, ...`` scored and saved as
-    ``scores-rank<r>.npz`` (row positions among the finished statements, P(valid)). Returns how many it scored."""
+    ``scores-rank<r>.npz`` (row positions among the finished statements, P(valid)). Returns how many finished
+    statements there are in all (every rank's shares together must cover them)."""
     from critics.scoring import score_texts
     from i2d2.io import atomic_path
 
     ds, finished = finished_statements(gens_dir, out_dir / f".work-rank{rank}", mode, require_end)
     mine = np.arange(rank, len(finished), world)
+    if _share_done(out_dir / f"scores-rank{rank}.npz", mine):
+        shutil.rmtree(out_dir / f".work-rank{rank}", ignore_errors=True)
+        return len(finished)
     texts = ds.select_columns(["statement"]).select(finished[mine])
     scores = np.concatenate([np.asarray(score_texts(critic_dir, b["statement"], batch_size=batch_size, device=device,
                                                     progress=rank == 0), dtype=float).reshape(-1)
@@ -618,7 +644,7 @@ def score_share(gens_dir: Path, out_dir: Path, critic_dir: Path, mode: str, requ
         with open(tmp, "wb") as f:
             np.savez(f, position=mine, score=scores)
     shutil.rmtree(out_dir / f".work-rank{rank}", ignore_errors=True)
-    return len(mine)
+    return len(finished)
 
 
 def _score_worker(fabric, gens_dir, out_dir, critic_dir, mode, require_end, batch_size):
@@ -648,7 +674,7 @@ def scores_stage(cfg, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
     mode = str(_get(cfg.task.filter, "truncate", "sentence"))
     require_end = bool(_get(cfg.task.filter, "require_sentence_end", True))
     critic_dir = in_run(critic["model_dir"], cfg.run_dir)
-    fp = fingerprint("critic_scores", gens / "table", critic_dir, mode, require_end)
+    fp = fingerprint("critic_scores", gens / "table", critic_dir, mode, require_end, ranks.world)
     batch_size = int(_get(cfg.critic, "eval_batch_size", 64))
 
     def fn(d: Path) -> dict:
@@ -657,14 +683,13 @@ def scores_stage(cfg, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
 
             tc = _plain(cfg.trainer)
             fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
-            fabric.launch(_score_worker, gens, d, critic_dir, mode, require_end, batch_size)
+            n = fabric.launch(_score_worker, gens, d, critic_dir, mode, require_end, batch_size)
         else:
-            score_share(gens, d, critic_dir, mode, require_end, batch_size, _device(cfg),
-                        ranks.rank if ranks.mode == "subprocess" else 0,
-                        ranks.world if ranks.mode == "subprocess" else 1)
+            n = score_share(gens, d, critic_dir, mode, require_end, batch_size, _device(cfg),
+                            ranks.rank if ranks.mode == "subprocess" else 0,
+                            ranks.world if ranks.mode == "subprocess" else 1)
         _barrier(ranks)
-        files = sorted(d.glob("scores-rank*.npz"))
-        return {"n_scored": int(sum(len(np.load(p)["position"]) for p in files)), "ranks": len(files)}
+        return _check_shares(d, "scores", int(n))
 
     return stage(ranks, out, fp, fn, "critic_scores", all_ranks=True)
 
