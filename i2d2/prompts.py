@@ -334,18 +334,11 @@ class Candidates:
     n_without_form: int
     threshold: float | None     # data.perplexity.threshold
 
-    @property
-    def texts(self) -> list[str]:
+    def to_score(self) -> list[str]:
         """What the LM must score: every variant, or nothing when no variant is chosen or dropped by perplexity."""
         if self.selection == "forms" and self.threshold is None:
             return []
         return [v.text for g in self.groups for v in g]
-
-
-def needs_perplexity(cfg_data) -> bool:
-    """Whether prompt building scores variants with the LM (``Candidates.texts`` is not empty)."""
-    return not (check_prompt_selection(cfg_data)[0] == "forms"
-                and _get(cfg_data, "perplexity", {}).get("threshold", 250) is None)
 
 
 def prompt_candidates(cfg_data, concepts: list[Concept] | None = None) -> Candidates:
@@ -367,12 +360,14 @@ def prompt_candidates(cfg_data, concepts: list[Concept] | None = None) -> Candid
 
 
 def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None,
-                          concepts: list[Concept] | None = None, ppl: np.ndarray | None = None) -> dict:
+                          concepts: list[Concept] | None = None, candidates: Candidates | None = None,
+                          ppl: np.ndarray | None = None) -> dict:
     """Load concepts (or take ``concepts``), build and score prompt variants, attach constraints, write the
     prompts JSONL.
 
-    ``ppl``: the perplexities of ``prompt_candidates(cfg_data, concepts).texts``, already computed (the loop
-    splits that pass over its ranks); without it the LM scores them here.
+    ``candidates``: ``prompt_candidates(cfg_data, concepts)``, already built; ``ppl``: the perplexities of its
+    ``to_score()`` texts, already computed (the loop splits that pass over its ranks); without it the LM scores
+    them here.
 
     The table is a ``datasets.Dataset`` written with ``to_json`` into a temporary file renamed over
     ``out_path``. Malformed concept lines are skipped (``on_error: skip``, listed in the summary and in
@@ -382,7 +377,7 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
 
     t0 = time.time()
     out_path = Path(out_path)
-    cand = prompt_candidates(cfg_data, concepts)
+    cand = candidates or prompt_candidates(cfg_data, concepts)
     concepts, errors, groups, selection, forms = cand.concepts, cand.errors, cand.groups, cand.selection, cand.forms
     n_without_form, threshold = cand.n_without_form, cand.threshold
     for msg in errors[:20]:
@@ -390,12 +385,13 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
     if len(errors) > 20:
         log.warning("... and %d more malformed concept lines", len(errors) - 20)
     texts = [v.text for g in groups for v in g]
+    to_score = cand.to_score()
     ppl_cfg = _get(cfg_data, "perplexity", {})
     if ppl is not None:
-        if len(ppl) != len(cand.texts):
-            raise ValueError(f"{len(ppl)} perplexities given for {len(cand.texts)} prompt variants")
+        if len(ppl) != len(to_score):
+            raise ValueError(f"{len(ppl)} perplexities given for {len(to_score)} prompt variants")
         ppl = np.asarray(ppl, dtype=float)
-    if not cand.texts:  # nothing to choose or drop by perplexity: no LM pass
+    if not to_score:  # nothing to choose or drop by perplexity: no LM pass
         ppl = np.full(len(texts), np.nan)
     elif ppl is None:
         ppl = score_texts(model, tokenizer, texts, out_path.parent / f".{out_path.name}.ppl",

@@ -18,7 +18,6 @@ labels and for valid/invalid (only ``true`` is valid, as for the critic):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 

@@ -176,6 +176,15 @@ def launch(cfg: DictConfig) -> Ranks:
     return Ranks(dist.get_rank(), dist.get_world_size(), "subprocess")
 
 
+def _forked(cfg, ranks: Ranks, worker: Callable, *args):
+    """Run ``worker(fabric, *args)`` on ``ranks.world`` forked ranks (``trainer.strategy=ddp_fork``); rank 0's result."""
+    from lightning.fabric import Fabric
+
+    tc = _plain(cfg.trainer)
+    fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
+    return fabric.launch(worker, *args)
+
+
 def _barrier(ranks: Ranks) -> None:
     if ranks.mode == "subprocess":
         import torch.distributed as dist
@@ -254,10 +263,17 @@ def _check_shares(d: Path, name: str, n: int) -> dict:
     return {"n_scored": got, "ranks": len(files)}
 
 
+def _write_share(path: Path, mine: np.ndarray, scores: np.ndarray) -> None:
+    from i2d2.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, position=mine, score=scores)
+
+
 def ppl_share(model, tok, texts: list[str], out_dir: Path, ppl_cfg: dict, rank: int = 0, world: int = 1) -> int:
     """One rank's share of the prompt-perplexity pass: variants ``rank, rank + world, ...`` scored (resumable chunk
     by chunk) and saved as ``ppl-rank<r>.npz`` (positions, perplexities). Returns how many it scored."""
-    from i2d2.io import atomic_path
     from i2d2.prompts import score_texts
 
     mine = np.arange(rank, len(texts), world)
@@ -266,9 +282,7 @@ def ppl_share(model, tok, texts: list[str], out_dir: Path, ppl_cfg: dict, rank: 
     ppl = score_texts(model, tok, [texts[i] for i in mine], out_dir / f".work-rank{rank}",
                       batch_size=int(ppl_cfg.get("batch_size") or 32), per=ppl_cfg.get("per") or "word",
                       chunk=int(ppl_cfg.get("chunk_size") or 1024), progress=rank == 0)
-    with atomic_path(out_dir / f"ppl-rank{rank}.npz") as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, position=mine, score=ppl)
+    _write_share(out_dir / f"ppl-rank{rank}.npz", mine, ppl)
     shutil.rmtree(out_dir / f".work-rank{rank}", ignore_errors=True)
     return len(mine)
 
@@ -279,28 +293,21 @@ def _ppl_worker(fabric, model, tok, texts, out_dir, ppl_cfg):
                      fabric.world_size)
 
 
-def prompt_scores_stage(cfg, it_dir: Path, lm, ranks: Ranks) -> Path | None:
-    """P_0's per-word perplexity of every prompt variant (20M at the paper's scale), split over the ranks like
-    generation; the prompts stage reads the joined shares (``read_shares``). None when nothing is chosen or dropped
-    by perplexity (``prompt_selection=forms`` without a threshold)."""
-    from i2d2.prompts import needs_perplexity, prompt_candidates
-
-    if not needs_perplexity(cfg.data):
+def prompt_scores_stage(cfg, it_dir: Path, texts: list[str], lm, ranks: Ranks) -> Path | None:
+    """P_0's per-word perplexity of the prompt variants ``texts`` (20M at the paper's scale), split over the ranks
+    like generation; the prompts stage reads the joined shares (``read_shares``). None when there is nothing to
+    score (``prompt_selection=forms`` without a threshold)."""
+    if not texts:
         return None
     out = it_dir / "prompt_scores"
     ppl_cfg = _plain(_get(cfg.data, "perplexity") or {})
-    texts = prompt_candidates(cfg.data).texts
     # what the scores depend on: the texts, the unit, the model and the number of shares (not the threshold)
     fp = fingerprint("prompt_scores", texts, ppl_cfg.get("per") or "word", _model_id(str(cfg.model.name)), ranks.world)
 
     def fn(d: Path) -> dict:
         model, tok = lm()
         if ranks.mode == "fork":
-            from lightning.fabric import Fabric
-
-            tc = _plain(cfg.trainer)
-            fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
-            fabric.launch(_ppl_worker, model, tok, texts, d, ppl_cfg)
+            _forked(cfg, ranks, _ppl_worker, model, tok, texts, d, ppl_cfg)
         else:
             ppl_share(model.to(_device(cfg)).eval(), tok, texts, d, ppl_cfg,
                       ranks.rank if ranks.mode == "subprocess" else 0, ranks.world if ranks.mode == "subprocess" else 1)
@@ -312,19 +319,20 @@ def prompt_scores_stage(cfg, it_dir: Path, lm, ranks: Ranks) -> Path | None:
 
 
 def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple[Path, dict]:
-    from i2d2.prompts import build_generic_prompts
+    from i2d2.prompts import build_generic_prompts, prompt_candidates
 
     out = it_dir / "prompts"
     pool0 = Path(cfg.run_dir) / "iter_0" / "prompts" / "all.jsonl"
     sampling = cfg.task.get("prompt_sampling", "fixed")
     max_prompts = cfg.task.get("max_prompts")
-    scored = None
+    scored = cand = None
     if k == 0:
         # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
         fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
                          max_prompts, sampling, int(cfg.seed))
         if stage_done(out, fingerprint(fp, STAGE_FORMAT["prompts"])) is None:  # a built pool needs no scores
-            scored = prompt_scores_stage(cfg, it_dir, lm, ranks)
+            cand = prompt_candidates(cfg.data)  # on every rank: each scores its share of the same variants
+            scored = prompt_scores_stage(cfg, it_dir, cand.to_score(), lm, ranks)
     else:
         if not pool0.exists():
             raise MissingIterationError(f"iteration {k} reuses iteration 0's prompt pool, but {pool0} is missing")
@@ -334,7 +342,7 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
         info: dict = {}
         if k == 0:
             ppl = read_shares(scored, "ppl") if scored is not None else None
-            info = build_generic_prompts(cfg.data, None, None, d / "all.jsonl", tracker=tracker, ppl=ppl)
+            info = build_generic_prompts(cfg.data, None, None, d / "all.jsonl", tracker=tracker, candidates=cand, ppl=ppl)
         else:
             shutil.copyfile(pool0, d / "all.jsonl")
         pool = read_jsonl(d / "all.jsonl", required=("prompt_id", "prompt", "constraints"))
@@ -389,11 +397,7 @@ def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, 
     def fn(d: Path) -> dict:
         model, tok = lm()
         if ranks.mode == "fork":
-            from lightning.fabric import Fabric
-
-            tc = _plain(cfg.trainer)
-            fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
-            summary = fabric.launch(_gen_worker, model, tok, prompts_path, d, decoding, shard, sample_rows)
+            _forked(cfg, ranks, _gen_worker, model, tok, prompts_path, d, decoding, shard, sample_rows)
             if not (d / "generations.jsonl").exists():
                 raise RuntimeError(f"forked generation finished without {d / 'generations.jsonl'}")
             summary = json.loads((d / "generation_summary.json").read_text())
@@ -629,7 +633,6 @@ def score_share(gens_dir: Path, out_dir: Path, critic_dir: Path, mode: str, requ
     ``scores-rank<r>.npz`` (row positions among the finished statements, P(valid)). Returns how many finished
     statements there are in all (every rank's shares together must cover them)."""
     from critics.scoring import score_texts
-    from i2d2.io import atomic_path
 
     ds, finished = finished_statements(gens_dir, out_dir / f".work-rank{rank}", mode, require_end)
     mine = np.arange(rank, len(finished), world)
@@ -640,9 +643,7 @@ def score_share(gens_dir: Path, out_dir: Path, critic_dir: Path, mode: str, requ
     scores = np.concatenate([np.asarray(score_texts(critic_dir, b["statement"], batch_size=batch_size, device=device,
                                                     progress=rank == 0), dtype=float).reshape(-1)
                              for b in texts.iter(batch_size=SCORE_CHUNK)] or [np.zeros(0)])
-    with atomic_path(out_dir / f"scores-rank{rank}.npz") as tmp:
-        with open(tmp, "wb") as f:
-            np.savez(f, position=mine, score=scores)
+    _write_share(out_dir / f"scores-rank{rank}.npz", mine, scores)
     shutil.rmtree(out_dir / f".work-rank{rank}", ignore_errors=True)
     return len(finished)
 
@@ -679,11 +680,7 @@ def scores_stage(cfg, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
 
     def fn(d: Path) -> dict:
         if ranks.mode == "fork":
-            from lightning.fabric import Fabric
-
-            tc = _plain(cfg.trainer)
-            fabric = Fabric(accelerator=tc.get("accelerator", "cpu"), devices=ranks.world, strategy=tc["strategy"])
-            n = fabric.launch(_score_worker, gens, d, critic_dir, mode, require_end, batch_size)
+            n = _forked(cfg, ranks, _score_worker, gens, d, critic_dir, mode, require_end, batch_size)
         else:
             n = score_share(gens, d, critic_dir, mode, require_end, batch_size, _device(cfg),
                             ranks.rank if ranks.mode == "subprocess" else 0,
