@@ -13,8 +13,8 @@ Blind per-iteration evaluation on the fixed held-out concepts (``task.heldout``)
 
 ``export --blind`` draws n statements per iteration, shuffles them together and writes only item id, statement
 and an empty label (no score, iteration or concept); ``import --blind`` maps the labels back through the key
-kept in the run and stores them apart from the critic's labels; ``accuracy`` prints the person-judged accuracy
-per iteration.
+kept in the run, stores them apart from the critic's labels and writes the accuracy into every iteration's
+``report.md`` / ``report/metrics.json``; ``accuracy`` prints the person-judged accuracy per iteration.
 
 ``export`` samples k statements per concept stratified by ``critic_score`` and skips statements already in
 the store; ``import`` validates the labels (errors name file:line) and merges them into the store, which
@@ -105,6 +105,11 @@ def main(argv=None) -> int:
             for e in errors:
                 print(f"skipped: {e}", file=sys.stderr)
             print(f"imported {len(rows)} labelled statements into {where}")
+            if args.blind:  # the iterations' reports were written before these labels existed
+                from i2d2.recipes.generics_report import refresh_heldout_accuracy
+
+                for path in refresh_heldout_accuracy(args.run_dir):
+                    print(f"person-judged accuracy written into {path}")
     except (DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -118,6 +118,45 @@ def test_two_iterations_chain_models_and_report(baseline):
     assert len(r1["pr_aps"]) == 2  # one curve per iteration on the same plot
 
 
+def test_blind_import_writes_person_judged_accuracy_into_the_reports(baseline, tmp_path, capsys):
+    """The labels arrive after the iterations wrote their reports: import --blind re-renders them."""
+    import csv
+    import shutil
+
+    from i2d2.annotate import main as annotate
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(baseline[0], run_dir)
+    before = (run_dir / "iter_1" / "report.md").read_text()
+    assert "| **person-judged accuracy, held-out concepts (blind)** | – |" in before
+    assert annotate(["export", "--blind", "--run-dir", str(run_dir), "--out", str(tmp_path / "b.csv"), "--n", "100"]) == 0
+    with open(tmp_path / "b.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    for i, r in enumerate(rows):  # any labels do: the test checks where they land, not what they say
+        r["label"] = "true" if i % 2 == 0 else "garbled"
+    with open(tmp_path / "done.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, ["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    assert annotate(["import", "--blind", "--run-dir", str(run_dir), "--input", str(tmp_path / "done.csv")]) == 0
+    assert "person-judged accuracy written into" in capsys.readouterr().out
+    from i2d2.annotation import heldout_accuracy
+
+    acc = {r["iteration"]: r for r in heldout_accuracy(run_dir)}
+    assert set(acc) == {0, 1} and all(a["n_labelled"] == a["n_generations"] > 0 for a in acc.values())
+    for k in (0, 1):
+        m = json.loads((run_dir / f"iter_{k}" / "report" / "metrics.json").read_text())
+        assert m["heldout_accuracy"] == pytest.approx(acc[k]["accuracy"]) and m["heldout_n_labelled"] == acc[k]["n_labelled"]
+        md = (run_dir / f"iter_{k}" / "report.md").read_text()
+        assert (f"| **person-judged accuracy, held-out concepts (blind)** | {acc[k]['accuracy']:.3f} ± "
+                f"{acc[k]['ci95']:.3f} (n={acc[k]['n_labelled']}) |") in md
+    after = (run_dir / "iter_1" / "report.md").read_text()
+    # the table of all iterations carries both accuracies; the rest of the report (samples, numbers) is unchanged
+    assert f"| {acc[0]['accuracy']:.3f} |" in after.split("## All iterations")[1]
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(before.splitlines()) == len(after.splitlines()) and len(changed) == 3, changed
+
+
 def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypatch):
     run_dir, _ = baseline
     it = run_dir / "iter_1"

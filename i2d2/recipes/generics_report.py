@@ -277,6 +277,7 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
     write_json(rdir / "metrics.json", dict(metrics))
     aps = plot_all_iterations(run_dir, int(metrics["iteration"]), rdir / "pr_curves.png")
     samples = pick_samples(kept, dropped, n_samples, seed)
+    write_json(rdir / "samples.json", list(samples.items()))  # re-rendered by refresh_heldout_accuracy, in order
     hist = history(run_dir, int(metrics["iteration"]))
     md = render_markdown(metrics, samples, hist, "report/pr_curves.png" if aps else None)
     write_text(iter_dir / "report.md", md)
@@ -295,6 +296,37 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
         if aps:
             tracker.log_image("report/pr_curves_all_iterations", rdir / "pr_curves.png")
     return {"report": str(iter_dir / "report.md"), "pr_aps": aps}
+
+
+HELDOUT_KEYS = {"heldout_accuracy": "accuracy", "heldout_n_labelled": "n_labelled", "heldout_ci95": "ci95"}
+
+
+def refresh_heldout_accuracy(run_dir: Path) -> list[Path]:
+    """Put the person-judged held-out accuracy into every finished iteration's ``report/metrics.json`` and
+    re-render its ``report.md`` (same samples and plot): the labels arrive (``annotate import --blind``) after
+    the iterations wrote their reports. Returns the reports rewritten."""
+    from i2d2.annotation import heldout_accuracy
+
+    run_dir = Path(run_dir)
+    acc = {int(r["iteration"]): r for r in heldout_accuracy(run_dir)}
+    done = sorted(k for k in acc if (run_dir / f"iter_{k}" / "report" / "metrics.json").exists())
+    for k in done:  # every iteration's numbers first: a report's table of all iterations reads them
+        path = run_dir / f"iter_{k}" / "report" / "metrics.json"
+        m = json.loads(path.read_text())
+        write_json(path, {**m, **{key: acc[k][src] for key, src in HELDOUT_KEYS.items()}})
+    out = []
+    for k in done:
+        it_dir = run_dir / f"iter_{k}"
+        samples_path = it_dir / "report" / "samples.json"
+        if not samples_path.exists():
+            log.warning("%s: no report/samples.json (written before this version): report/metrics.json has the "
+                        "accuracy, report.md is re-rendered when the iteration is resumed", it_dir)
+            continue
+        pr_png = "report/pr_curves.png" if (it_dir / "report" / "pr_curves.png").exists() else None
+        m = json.loads((it_dir / "report" / "metrics.json").read_text())
+        md = render_markdown(m, dict(json.loads(samples_path.read_text())), history(run_dir, k), pr_png)
+        out.append(write_text(it_dir / "report.md", md))
+    return out
 
 
 def load_rows(path: Path) -> list[dict]:
