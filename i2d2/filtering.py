@@ -64,6 +64,14 @@ def content_key(text: str) -> str:
     return " ".join(sorted(_singular(w) for w in _words(text) if w not in _FILLER))
 
 
+def frame_key(text: str, concept: str) -> str:
+    """``content_key`` without the concept's own words: the template a statement fills in. "Chairs can be made of
+    wood, metal, plastic, etc." (chair) and "Beds may be made of wood, plastic, metal." (bed) share one frame;
+    "A kitchen knife is used to cut food." and "Scissors are used to cut paper." do not."""
+    own = {_singular(w) for w in _words(concept)}
+    return " ".join(w for w in content_key(text).split() if w not in own)
+
+
 def _negated(text: str) -> bool:
     return not _NEGATIONS.isdisjoint(_words(text))
 

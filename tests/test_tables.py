@@ -90,6 +90,28 @@ def test_concept_cap_keeps_best_per_concept():
     assert keep.tolist() == [False, True, True, True, True]
 
 
+def test_frame_cap_keeps_the_best_fillings_of_one_template_across_concepts(tmp_path):
+    from i2d2.filtering import frame_key
+
+    assert frame_key("Chairs can be made of wood, metal, plastic, etc.", "chair") == \
+        frame_key("A bed may be made of wood, plastic, metal.", "bed")
+    assert frame_key("A kitchen knife is used to cut food.", "kitchen knife") != \
+        frame_key("Scissors are used to cut paper.", "scissors")
+    rows = [_row(0, "chair", "can be made of wood, metal, plastic, etc."), _row(1, "bed", "may be made of wood, plastic, metal."),
+            _row(2, "lamp", "can be made of plastic, wood, metal."), _row(3, "lamp", "can light up a room."),
+            _row(4, "table", "can be made of wood.")]
+    scores = {"Chairs can be made of wood, metal, plastic, etc.": 0.8, "Beds may be made of wood, plastic, metal.": 0.9,
+              "Lamps can be made of plastic, wood, metal.": 0.85, "Lamps can light up a room.": 0.7,
+              "Tables can be made of wood.": 0.6}
+    (tmp_path / "filtered").mkdir()
+    summary, kept, dropped = filter_generations(_gens(tmp_path, rows), tmp_path / "filtered",
+                                                lambda t: np.array([scores[x] for x in t]), 0.5,
+                                                {**FCFG, "max_per_frame": 2})
+    assert dict(zip(dropped["statement"], dropped["drop_reason"])) == {
+        "Chairs can be made of wood, metal, plastic, etc.": "frame_cap"}  # the lowest-scored of three fillings
+    assert summary["n_dropped_frame_cap"] == 1 and summary["n_kept"] == 4
+
+
 def test_generation_table_matches_export(tmp_path):
     from i2d2.generation import generations_table
 

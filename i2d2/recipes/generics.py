@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-FILTER_FORMAT = 5  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
+FILTER_FORMAT = 6  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
 # 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table; 5: near-duplicates
-# also by content words (filtering.content_key: word order, article, number, modal); lists repeating an item dropped
+# also by content words (filtering.content_key: word order, article, number, modal); lists repeating an item dropped;
+# 6: max_per_frame
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
 STAGE_FORMAT = {"prompt_scores": 1, "prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
@@ -501,7 +502,7 @@ def truncate(text: str, mode: str = "sentence") -> str:
 
 
 SCORE_CHUNK = 65536  # statements per critic call: the filter never holds every statement in one Python list
-DROP_REASONS = ("unfinished", "critic", "empty", "constraints", "duplicate", "concept_cap", "repeated_item")
+DROP_REASONS = ("unfinished", "critic", "empty", "constraints", "duplicate", "concept_cap", "repeated_item", "frame_cap")
 
 
 def _prepare_batch(batch: dict, mode: str) -> dict:
@@ -523,7 +524,8 @@ def _column(ds, name: str):
 
 
 def _concept_cap(scores: np.ndarray, concepts: np.ndarray, cap: int) -> np.ndarray:
-    """Mask of the rows within the ``cap`` best-scored of their concept (integer codes; ties: earlier rows)."""
+    """Mask of the rows within the ``cap`` best-scored of their group (integer codes: the concept, or the frame;
+    ties: earlier rows)."""
     order = np.lexsort((np.arange(len(scores)), -scores, concepts))  # by concept, best first within it
     c = concepts[order]
     starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
@@ -536,7 +538,7 @@ def _concept_cap(scores: np.ndarray, concepts: np.ndarray, cap: int) -> np.ndarr
 def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.ndarray], delta: float, fcfg: dict,
                        tracker=None, num_proc: int | None = None) -> tuple[dict, Any, Any]:
     """The filter over the generation table of the stage folder ``gens_dir``: truncate, drop unfinished, critic score > δ, empty,
-    constraints, a list that repeats an item, near-duplicates, per-concept cap. Rows stay in Arrow (memory-mapped); only per-row numbers and
+    constraints, a list that repeats an item, near-duplicates, per-frame cap, per-concept cap. Rows stay in Arrow (memory-mapped); only per-row numbers and
     the kept statements are held in memory. Writes ``kept/``, ``dropped/``, ``scores/`` tables and ``kept.jsonl``;
     returns (summary, kept, dropped)."""
     from i2d2.filtering import near_duplicates, write_filtered
@@ -576,7 +578,8 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
     # concepts as integer codes (case folded, as near_duplicates groups them): no Python string per row
     concepts = (pc.utf8_lower(pc.cast(_column(ds, "concept"), pa.string())) if "concept" in ds.column_names
                 else pa.chunked_array([pa.array([""] * n, pa.string())]))
-    concept_code = pc.fill_null(concepts, "").combine_chunks().dictionary_encode().indices.to_numpy()
+    concepts = pc.fill_null(concepts, "")
+    concept_code = concepts.combine_chunks().dictionary_encode().indices.to_numpy()
     duplicate_src = np.full(n, -1)
     if fcfg.get("dedupe", True):  # one statement per near-duplicate cluster of a concept, the best-scored
         idx = np.flatnonzero(reason < 0)
@@ -586,6 +589,16 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
         dup = np.flatnonzero(rep != np.arange(len(idx)))
         reason[idx[dup]] = 4
         duplicate_src[idx[dup]] = idx[rep[dup]]
+    frame_cap = fcfg.get("max_per_frame")
+    if frame_cap:  # one template filled in for many concepts must not become what P_{k+1} imitates everywhere
+        from i2d2.filtering import frame_key
+
+        idx = np.flatnonzero(reason < 0)
+        sub = ds.select(idx)
+        frames = [frame_key(t, c) for t, c in zip(_column(sub, "statement").to_pylist(),
+                                                   concepts.take(pa.array(idx)).to_pylist())]
+        codes = np.unique(np.array(frames, dtype=object), return_inverse=True)[1].reshape(-1)
+        reason[idx[~_concept_cap(critic_score[idx], codes, int(frame_cap))]] = 7
     cap = fcfg.get("max_per_concept")
     if cap:  # balance: one concept's template must not dominate what P_{k+1} imitates
         idx = np.flatnonzero(reason < 0)
@@ -604,7 +617,8 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
     summary.update(accepted_rate=accepted / n if n else 0.0, n_dropped_constraints=n_unsat,
                    n_dropped_unfinished=int((reason == 0).sum()), n_dropped_concept_cap=int((reason == 5).sum()),
                    n_truncated=n - _column(ds, "generation_raw").null_count, n_empty=int(empty.sum()),
-                   n_dropped_duplicates=int((reason == 4).sum()), n_dropped_repeated_items=int((reason == 6).sum()))
+                   n_dropped_duplicates=int((reason == 4).sum()), n_dropped_repeated_items=int((reason == 6).sum()),
+                   n_dropped_frame_cap=int((reason == 7).sum()))
     from i2d2.io import read_table
 
     kept, dropped = read_table(d / "kept"), read_table(d / "dropped")  # the saved tables, not the work cache

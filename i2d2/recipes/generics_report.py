@@ -213,7 +213,7 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
          f"{_fmt(m['heldout_accuracy'])} ± {_fmt(m.get('heldout_ci95'))} (n={m.get('heldout_n_labelled')})"),
         ("held-out generations: critic-accepted rate (proxy) / Self-BLEU",
          f"{_fmt(m.get('heldout_critic_accepted_rate_proxy'))} / {_fmt(m.get('heldout_self_bleu'))}"),
-        ("kept fraction (critic, constraints, repeated list items, de-dup, per-concept cap)", m["kept_fraction"]),
+        ("kept fraction (critic, constraints, repeated list items, de-dup, per-frame and per-concept caps)", m["kept_fraction"]),
         ("kept statements", m["n_kept"]),
         ("Self-BLEU of kept (sample)", m.get("self_bleu_kept")), ("Self-BLEU of all generations (sample)",
                                                                    m.get("self_bleu_all")),
