@@ -7,12 +7,14 @@ early-stopping metric NeuroComparatives monitors, P@R=0.8).
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import lightning as L
 import numpy as np
 import torch
 from torchmetrics.classification import BinaryAveragePrecision, BinaryPrecisionAtFixedRecall
 
-from i2d2.models import load_classifier
+from i2d2.models import apply_lora, load_classifier
 
 VALID = 1
 ID2LABEL = {0: "invalid", 1: "valid"}
@@ -21,11 +23,14 @@ ID2LABEL = {0: "invalid", 1: "valid"}
 class CriticModule(L.LightningModule):
     def __init__(self, name: str = "packaged:minilm", lr: float = 5e-5, weight_decay: float = 0.01,
                  warmup_ratio: float = 0.1, target_recall: float = 0.8, dropout: float | None = None,
-                 total_steps: int = 1, model=None, tokenizer=None):
+                 total_steps: int = 1, lora: Mapping | None = None, model=None, tokenizer=None):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "tokenizer"])
         if model is None:
             model, tokenizer = load_classifier(name, num_labels=2)
+        self.lora_enabled = bool((lora or {}).get("enabled", False))
+        if self.lora_enabled:  # adapters on the body; peft trains the classification head in full
+            model = apply_lora(model, lora, "SEQ_CLS", where="critic.lora")
         self.model, self.tokenizer = model, tokenizer
         self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes (dropout on)
         self.model.config.id2label = dict(ID2LABEL)
@@ -76,6 +81,10 @@ class CriticModule(L.LightningModule):
     def predict_step(self, batch, batch_idx):
         batch = {k: v for k, v in batch.items() if k != "labels"}
         return self(**batch).logits.float().softmax(-1)[:, VALID]
+
+    def export_model(self):
+        """The plain transformers classifier to save (LoRA adapters merged into the body)."""
+        return self.model.merge_and_unload() if self.lora_enabled else self.model
 
     def configure_optimizers(self):
         from transformers import get_linear_schedule_with_warmup

@@ -72,7 +72,7 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
     module = CriticModule(name=cfg["name"], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
                           warmup_ratio=float(cfg["warmup_ratio"]), target_recall=float(cfg["target_recall"]),
-                          dropout=cfg["dropout"],
+                          dropout=cfg["dropout"], lora=cfg["lora"],
                           total_steps=optimizer_steps(-(-len(train_idx) // int(cfg["batch_size"])), int(cfg["max_epochs"]),
                                                       plain(trainer_cfg)))
     tok = module.tokenizer
@@ -126,10 +126,11 @@ def _save_best(cfg: dict, module, tok, ckpt, trainer, model_dir: Path, fit_s: fl
         module.load_state_dict(checkpoint_weights(best))
         log.info("critic: best epoch by %s = %.4f (%s)", cfg["monitor"], float(ckpt.best_model_score), best)
     with atomic_dir(model_dir) as tmp:  # a temporary sibling renamed into place
-        module.model.save_pretrained(tmp)
+        module.export_model().save_pretrained(tmp)
         tok.save_pretrained(tmp)
         write_json(tmp / "critic_meta.json", {
-            "kind": "finetune", "name": cfg["name"], "valid_label_index": 1, "max_length": int(cfg["max_length"]),
+            "kind": "finetune", "name": cfg["name"], "lora": bool(cfg["lora"]["enabled"]), "valid_label_index": 1,
+            "max_length": int(cfg["max_length"]),
             "canonicalize": bool(cfg["canonicalize"]),
             "best_score": None if ckpt.best_model_score is None else float(ckpt.best_model_score),
             "monitor": cfg["monitor"], "epochs_trained": int(trainer.current_epoch),  # no timings: these bytes are fingerprinted
@@ -300,3 +301,41 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
 
 def _f(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
+
+
+def main(argv=None) -> int:
+    """``python -m critics.train --out DIR [key=value ...]``: train and evaluate the configured critic alone, on the
+    same labels, splits and numbers as the I2D2 loop's critic stage (``critic=gemma_lora``, ``critic.lora.r=32``, ...;
+    the overrides compose conf/train.yaml). Prints the summary as one JSON line; ``DIR/metrics.json`` keeps it."""
+    import argparse
+    import json
+    import sys
+
+    from hydra import compose, initialize_config_dir
+
+    from i2d2 import config
+    from i2d2.annotation import critic_annotation_paths
+
+    ap = argparse.ArgumentParser(prog="python -m critics.train", description=main.__doc__)
+    ap.add_argument("--out", required=True, help="output folder (a finished model there is reused)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(str(config.CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=args.overrides)
+        config.check_keys(cfg)
+        paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
+        summary = train_critic(cfg.critic, paths, args.out, {**plain(cfg.trainer), "devices": 1, "strategy": "auto"})
+    except (HydraException, ValueError, FileNotFoundError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    # the last line of stdout, one JSON object (Lightning prints its model table above it)
+    print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -223,6 +223,26 @@ def load_classifier(name: str, num_labels: int = 2):
     return model, tok
 
 
+def apply_lora(model, lora, task_type: str, where: str):
+    """``model`` wrapped in peft LoRA adapters (``lora``: i2d2.schemas.LoraConfig keys; ``task_type``: CAUSAL_LM for
+    the generator, SEQ_CLS for a critic, whose head then trains in full). Errors name the config key ``where``."""
+    from peft import LoraConfig, get_peft_model
+
+    from i2d2.schemas import LoraConfig as LoraSettings, fill
+
+    lora = fill(LoraSettings, lora, where=where)
+    target = lora["target_modules"]
+    if target is not None and not isinstance(target, str):
+        target = list(target)
+    try:
+        cfg = LoraConfig(task_type=task_type, r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                         target_modules=target, bias=lora["bias"])
+        return get_peft_model(model, cfg)
+    except ValueError as e:
+        raise ValueError(f"{where}: cannot apply LoRA to {type(model).__name__}: {e}. "
+                         f"Set {where}.target_modules (e.g. [q_proj,v_proj] or all-linear).") from None
+
+
 def load_sentence_encoder(name: str = "packaged:minilm", device: str | None = None):
     from sentence_transformers import SentenceTransformer
 

@@ -55,6 +55,16 @@ class DecodingConfig:
 
 
 @dataclass
+class LoraConfig:
+    enabled: bool = False  # peft LoRA instead of full fine-tuning; adapters are merged into the saved model
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: Optional[Any] = None  # None: peft's default for the architecture; or [q_proj, v_proj] / all-linear
+    bias: str = "none"
+
+
+@dataclass
 class CriticConfig:
     """The I2D2 critic (§2.3): a valid/invalid classifier trained on labelled generations (critics/train.py)."""
 
@@ -66,6 +76,9 @@ class CriticConfig:
     probe_lm: str = "packaged:gemma3-270m"
     probe_layer: int = 12
     probe_C: List[float] = field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1])
+    # finetune: peft LoRA adapters on the body instead of training every weight (the head trains in full); merged
+    # into the saved classifier. For large bodies (a 7B LM with a hub); on Gemma 3 270M: README "Which critic"
+    lora: LoraConfig = field(default_factory=LoraConfig)
     lr: float = 1.0e-4
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
@@ -115,16 +128,6 @@ class CrossEncoderConfig:
     max_steps: int = -1
     val_fraction: float = 0.1
     seed: int = 0
-
-
-@dataclass
-class LoraConfig:
-    enabled: bool = False  # peft LoRA instead of full fine-tuning; adapters are merged into P_{k+1}
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.05
-    target_modules: Optional[Any] = None  # None: peft's default for the architecture; or [q_proj, v_proj] / all-linear
-    bias: str = "none"
 
 
 @dataclass
@@ -224,6 +227,8 @@ def fill(schema: type, cfg: Any = None, where: str | None = None, none_means_def
     try:
         merged = OmegaConf.merge(base, given)
     except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)  # a nested key's path: critic.lora.rank
+        where = f"{where}.{key}" if key else where
         raise ValueError(f"{where}: {e.msg if hasattr(e, 'msg') else e}".split("\n")[0]) from None
     out = OmegaConf.to_container(merged, resolve=True)
     if hasattr(schema, "__post_init__"):  # range checks (OmegaConf checks types only)

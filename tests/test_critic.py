@@ -285,3 +285,52 @@ def test_killed_fit_resumes_from_last_checkpoint(tmp_path, caplog):
 
     second = pd.read_csv(out / "logs" / "version_1" / "metrics.csv")
     assert set(second["epoch"].dropna().astype(int)) == {1}  # only the missing epoch was trained
+
+
+def test_lora_critic_trains_adapters_and_saves_a_merged_classifier(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from critics.scoring import score_texts
+    from critics.train import train_critic
+    from i2d2.models import tiny_model
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(SEED.read_text().splitlines(keepends=True)[:160]))
+    cfg = {"name": "tiny:roberta", "max_epochs": 1, "lr": 1e-2, "patience": 0, "batch_size": 16, "min_examples": 10,
+           "lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["query", "value"]}}
+    trainer_cfg = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1,
+                   "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1}
+    res = train_critic(cfg, [small], tmp_path / "critic", trainer_cfg)
+    model_dir = tmp_path / "critic" / "model"
+    assert json.loads((model_dir / "critic_meta.json").read_text())["lora"] is True
+    assert not list(model_dir.glob("adapter_*"))  # a plain classifier: the adapters are merged into the body
+    saved = load_file(str(model_dir / "model.safetensors"))
+    base = tiny_model("roberta")[0].state_dict()
+    # adapted projections changed (merged B @ A), everything else in the body is the frozen start, the head trained
+    q = "roberta.encoder.layer.0.attention.self.query.weight"
+    assert not torch.allclose(saved[q], base[q])
+    for k in ("roberta.embeddings.word_embeddings.weight", "roberta.encoder.layer.0.attention.self.key.weight",
+              "roberta.encoder.layer.0.output.dense.weight"):
+        assert torch.equal(saved[k], base[k]), k
+    assert not torch.allclose(saved["classifier.out_proj.weight"], base["classifier.out_proj.weight"])
+    test = read_jsonl(tmp_path / "critic" / "test_scores.jsonl")
+    np.testing.assert_allclose(score_texts(res["model_dir"], [r["statement"] for r in test], progress=False),
+                               [r["critic_score"] for r in test], atol=1e-5)
+    with pytest.raises(ValueError, match=r"critic\.lora\.rank: Key .rank. not in .LoraConfig."):
+        train_critic({**cfg, "lora": {"enabled": True, "rank": 4}}, [small], tmp_path / "bad", trainer_cfg)
+
+
+def test_critic_cli_trains_the_configured_critic_alone(tmp_path, capsys):
+    from critics.train import main
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(SEED.read_text().splitlines(keepends=True)[:120]))
+    common = ["critic=tiny", f"critic.seed_annotations=[{small}]", "critic.max_epochs=1", "critic.min_examples=10",
+              "+trainer.enable_progress_bar=false"]
+    assert main(["--out", str(tmp_path / "c"), *common]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    saved = json.loads((tmp_path / "c" / "metrics.json").read_text())
+    assert printed["ap"] == pytest.approx(saved["ap"]) and printed["n_test"] == saved["n_test"] > 0
+    assert main(["--out", str(tmp_path / "bad"), *common, "critic.lora.rank=4"]) == 2
+    assert "critic.lora.rank" in capsys.readouterr().err and not (tmp_path / "bad" / "model").exists()

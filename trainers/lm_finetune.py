@@ -27,9 +27,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import Dataset
 
 from i2d2.io import atomic_dir
+from i2d2.models import apply_lora
 from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
                                   resume_checkpoint, world_size_of, optimizer_steps)
-from i2d2.schemas import FinetuneConfig, LoraConfig as LoraSettings, fill
+from i2d2.schemas import FinetuneConfig, fill
 from i2d2.resume import EpochProgress, ResumableBatchSampler, ResumeState, resumable_loader  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ class SelfImitationModule(L.LightningModule):
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
         if self.lora_enabled:
-            model = apply_lora(model, lora)
+            model = apply_lora(model, lora, "CAUSAL_LM", where="task.finetune.lora")
         self.model = model
         # the last epoch's mean loss (weighted by batch size), kept in the checkpoint: a fit resumed after its last
         # step runs no step, so Lightning's logged epoch mean would be missing from the summary
@@ -195,22 +196,6 @@ class SelfImitationModule(L.LightningModule):
         if self.lora_enabled:
             return self.model.merge_and_unload()
         return self.model
-
-
-def apply_lora(model, lora: Mapping):
-    from peft import LoraConfig, get_peft_model
-
-    lora = fill(LoraSettings, lora, where="task.finetune.lora")
-    target = lora["target_modules"]
-    if target is not None and not isinstance(target, str):
-        target = list(target)
-    try:
-        cfg = LoraConfig(task_type="CAUSAL_LM", r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                         target_modules=target, bias=lora["bias"])
-        return get_peft_model(model, cfg)
-    except ValueError as e:
-        raise ValueError(f"task.finetune.lora: cannot apply LoRA to {type(model).__name__}: {e}. "
-                         "Set task.finetune.lora.target_modules (e.g. [q_proj,v_proj] or all-linear).") from None
 
 
 # ----------------------------------------------------------------------------- driver
