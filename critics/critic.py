@@ -28,6 +28,10 @@ class CriticModule(L.LightningModule):
         self.save_hyperparameters(ignore=["model", "tokenizer"])
         if model is None:
             model, tokenizer = load_classifier(name, num_labels=2)
+        if dropout is not None:  # the body's dropout; LoRA's own comes from lora.dropout (its layers are added below)
+            for m in model.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = float(dropout)
         self.lora_enabled = bool((lora or {}).get("enabled", False))
         if self.lora_enabled:  # adapters on the body; peft trains the classification head in full
             model = apply_lora(model, lora, "SEQ_CLS", where="critic.lora")
@@ -35,10 +39,6 @@ class CriticModule(L.LightningModule):
         self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes (dropout on)
         self.model.config.id2label = dict(ID2LABEL)
         self.model.config.label2id = {v: k for k, v in ID2LABEL.items()}
-        if dropout is not None:
-            for m in self.model.modules():
-                if isinstance(m, torch.nn.Dropout):
-                    m.p = float(dropout)
         self.val_ap = BinaryAveragePrecision()
         self.val_p_at_r = BinaryPrecisionAtFixedRecall(min_recall=target_recall)
         self._val_scores: list[torch.Tensor] = []

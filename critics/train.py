@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
 from critics.data import (Collator, LoadReport, StatementDataset, canonical_statement, grouped_split3, label_mapping,
                           load_annotations)
@@ -48,6 +47,15 @@ def critic_config(cfg_critic) -> dict:
     out = fill(CriticConfig, cfg_critic, where="critic")
     if out["kind"] not in KINDS:
         raise ValueError(f"critic.kind must be one of {KINDS}, got {out['kind']!r}")
+    return out
+
+
+def fingerprint_view(cfg_critic: dict) -> dict:
+    """The critic config as stage fingerprints read it: ``lora`` only when it is on, so that a run from before
+    critic LoRA existed keeps its fingerprints (no retraining on resume) and a probe's ignores a setting it never uses."""
+    out = dict(cfg_critic or {})
+    if not (out.get("lora") or {}).get("enabled"):
+        out.pop("lora", None)
     return out
 
 
@@ -305,30 +313,41 @@ def _f(v) -> str:
 
 def main(argv=None) -> int:
     """``python -m critics.train --out DIR [key=value ...]``: train and evaluate the configured critic alone, on the
-    same labels, splits and numbers as the I2D2 loop's critic stage (``critic=gemma_lora``, ``critic.lora.r=32``, ...;
-    the overrides compose conf/train.yaml). Prints the summary as one JSON line; ``DIR/metrics.json`` keeps it."""
+    bundled labels (``critic.seed_annotations``) with the splits, δ and test numbers of the I2D2 loop's critic stage
+    (without a run's labels store or the LM-perplexity baseline). The overrides compose conf/train.yaml
+    (``critic=gemma_lora``, ``critic.lora.r=32``, ``trainer=gpu``). DIR works as a stage folder: a finished critic of
+    the same config and labels is reused, a killed one resumes, and a DIR holding anything else is refused. Prints
+    the summary as one JSON line; ``DIR/metrics.json`` keeps it."""
     import argparse
     import json
     import sys
 
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
     from i2d2 import config
     from i2d2.annotation import critic_annotation_paths
+    from i2d2.io import fingerprint, run_stage, stage_fingerprint
+    from i2d2.lightning_setup import single_device_trainer
 
     ap = argparse.ArgumentParser(prog="python -m critics.train", description=main.__doc__)
-    ap.add_argument("--out", required=True, help="output folder (a finished model there is reused)")
+    ap.add_argument("--out", required=True, help="output folder (a stage folder: reused, resumed or refused)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/train.yaml")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from hydra.errors import HydraException
-
+    out = Path(args.out)
     try:
         with initialize_config_dir(str(config.CONF_DIR), version_base="1.3"):
             cfg = compose("train", overrides=args.overrides)
         config.check_keys(cfg)
+        critic_config(cfg.critic)  # a bad value fails here, before the folder is touched
         paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
-        summary = train_critic(cfg.critic, paths, args.out, {**plain(cfg.trainer), "devices": 1, "strategy": "auto"})
+        fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)))
+        if out.is_dir() and any(out.iterdir()) and stage_fingerprint(out) != fp:
+            raise ValueError(f"--out {out} holds other work (another critic config or labels, or not a critic "
+                             "folder): choose a new folder")
+        summary = run_stage(out, fp, lambda d: train_critic(cfg.critic, paths, d, single_device_trainer(plain(cfg.trainer))),
+                            name="critic")
     except (HydraException, ValueError, FileNotFoundError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -378,7 +378,7 @@ def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | N
     return json.loads(json.dumps(summary, sort_keys=True, default=str))
 
 
-def _stage_fingerprint(out_dir: Path) -> str | None:
+def stage_fingerprint(out_dir: Path) -> str | None:
     """The fingerprint of the work in ``out_dir`` (started or finished), None for an empty/new folder."""
     for marker in (STARTED, DONE):
         try:
@@ -394,7 +394,7 @@ def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str 
     """Make ``out_dir`` ready for (re)running a stage with fingerprint ``fp``: work from other inputs, config or
     format version is removed (partial work with the same ``fp`` is kept to resume from), then ``_STARTED``."""
     out_dir = Path(out_dir)
-    old = _stage_fingerprint(out_dir)
+    old = stage_fingerprint(out_dir)
     if old is not None and old != fp:
         log.info("stage %s: inputs changed, redoing it (removing %s)", name or out_dir.name, out_dir)
         shutil.rmtree(out_dir)

@@ -70,6 +70,13 @@ def resolve_precision(trainer_cfg: Mapping) -> str:
     return p
 
 
+def single_device_trainer(trainer_cfg: Mapping) -> dict:
+    """The trainer config on one device in this process (no strategy, no DeepSpeed; the precision the hardware
+    has): what a small classifier's fit uses outside a multi-process launch."""
+    out = {k: v for k, v in dict(trainer_cfg).items() if k not in ("strategy", "devices", "num_nodes")}
+    return {**out, "precision": resolve_precision(trainer_cfg), "devices": 1, "strategy": "auto"}
+
+
 def world_size_of(trainer_cfg: Mapping) -> int:
     """Processes the trainer config asks for (devices x nodes; ``auto`` counts the visible GPUs)."""
     devices = trainer_cfg.get("devices", 1)

@@ -202,13 +202,13 @@ def _recorded(critic: dict, cfg) -> dict:
 
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None) -> dict:
     from critics.scoring import score_texts
-    from critics.train import train_critic
+    from critics.train import fingerprint_view, train_critic
     from i2d2.lightning_setup import resolve_device
 
     dcfg = cfg.task.filters.discriminator
     ccfg = critic_cfg(cfg)
     paths = annotation_paths(cfg)
-    critic = run_stage(critic_dir, fingerprint(ccfg, *paths, _plain(cfg.trainer)),
+    critic = run_stage(critic_dir, fingerprint(fingerprint_view(ccfg), *paths, _plain(cfg.trainer)),
                        lambda d: _recorded(train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm), cfg),
                        name="critic")
     critic_model = in_run(critic["model_dir"], cfg.run_dir)

@@ -428,26 +428,23 @@ def _device(cfg) -> str:
 def critic_trainer(cfg, ranks: Ranks) -> dict:
     """The critic's trainer: one device in a single main process (fork strategies included), plain DDP over
     the launched ranks otherwise (a small classifier needs no DeepSpeed; every rank must join its collectives)."""
-    from i2d2.lightning_setup import is_deepspeed, resolve_precision
+    from i2d2.lightning_setup import is_deepspeed, single_device_trainer
 
     tc = _plain(cfg.trainer)
-    out = {k: v for k, v in tc.items() if k not in ("strategy", "devices", "num_nodes")}
-    out["precision"] = resolve_precision(tc)
+    out = single_device_trainer(tc)
     if ranks.mode == "subprocess":
         out.update(devices=tc.get("devices"), num_nodes=tc.get("num_nodes", 1) or 1,
                    strategy="ddp" if is_deepspeed(tc) else tc.get("strategy", "ddp"))
-    else:
-        out.update(devices=1, strategy="auto")
     return out
 
 
 def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
-    from critics.train import train_critic
+    from critics.train import fingerprint_view, train_critic
     from i2d2.annotation import critic_annotation_paths
 
     out = it_dir / "critic"
     paths = critic_annotation_paths(list(_get(cfg.critic, "seed_annotations", ["generics_gemma.jsonl"])), cfg.run_dir)
-    labels_fp = fingerprint("critic", *paths, _plain(cfg.critic))
+    labels_fp = fingerprint("critic", *paths, fingerprint_view(_plain(cfg.critic)))
     policy = _get(cfg.task, "critic.refresh", "new_labels")
     source = None  # the iteration whose critic to reuse
     if k > 0 and policy != "always":
@@ -833,7 +830,7 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
                  held: dict, generator: str, tracker) -> dict:
     from critics.data import load_annotations
     from i2d2.annotation import heldout_accuracy, labels_store
-    from i2d2.recipes.generics_report import diversity, human_eval, human_labels, write_report
+    from i2d2.recipes.generics_report import HELDOUT_KEYS, diversity, human_eval, human_labels, write_report
 
     rcfg = _plain(cfg.task.get("report") or {})
     kept = read_jsonl(it_dir / "filtered" / "kept.jsonl")
@@ -892,8 +889,8 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         "n_to_label": filt.get("n_to_label"),
         "heldout_n_generations": held.get("n_generations"), "heldout_self_bleu": held.get("self_bleu"),
         "heldout_critic_accepted_rate_proxy": held.get("critic_accepted_rate_proxy"),
-        "heldout_accuracy": acc.get("accuracy"), "heldout_n_labelled": acc.get("n_labelled"),
-        "heldout_ci95": acc.get("ci95"),
+        **{key: acc.get(src) for key, src in HELDOUT_KEYS.items()},
+        "n_dropped_frame_cap": filt.get("n_dropped_frame_cap"), "n_dropped_concept_cap": filt.get("n_dropped_concept_cap"),
     }
     out = write_report(it_dir, Path(cfg.run_dir), metrics, kept, dropped, pr, tracker=tracker,
                        n_samples=int(rcfg.get("samples", 10)), seed=seed)

@@ -304,7 +304,8 @@ HELDOUT_KEYS = {"heldout_accuracy": "accuracy", "heldout_n_labelled": "n_labelle
 def refresh_heldout_accuracy(run_dir: Path) -> list[Path]:
     """Put the person-judged held-out accuracy into every finished iteration's ``report/metrics.json`` and
     re-render its ``report.md`` (same samples and plot): the labels arrive (``annotate import --blind``) after
-    the iterations wrote their reports. Returns the reports rewritten."""
+    the iterations wrote their reports. Returns the reports rewritten. The run's W&B record is left as it was
+    (its run has ended); a resumed iteration logs the accuracy with its report."""
     from i2d2.annotation import heldout_accuracy
 
     run_dir = Path(run_dir)
