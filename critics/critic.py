@@ -36,6 +36,8 @@ class CriticModule(L.LightningModule):
         if self.lora_enabled:  # adapters on the body; peft trains the classification head in full
             model = apply_lora(model, lora, "SEQ_CLS", where="critic.lora")
         self.model, self.tokenizer = model, tokenizer
+        # with LoRA a checkpoint holds only what trains (on_save_checkpoint): the frozen body comes from `name`
+        self.strict_loading = not self.lora_enabled
         self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes (dropout on)
         self.model.config.id2label = dict(ID2LABEL)
         self.model.config.label2id = {v: k for k, v in ID2LABEL.items()}
@@ -81,6 +83,22 @@ class CriticModule(L.LightningModule):
     def predict_step(self, batch, batch_idx):
         batch = {k: v for k, v in batch.items() if k != "labels"}
         return self(**batch).logits.float().softmax(-1)[:, VALID]
+
+    def on_save_checkpoint(self, checkpoint):
+        if self.lora_enabled:  # a 7B body would otherwise be written whole every ckpt_every_n_steps
+            trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+
+    def load_weights(self, state: dict) -> None:
+        """Load a checkpoint's weights; with LoRA only the trained ones are there, and every one of them must be."""
+        if not self.lora_enabled:
+            self.load_state_dict(state)
+            return
+        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+        missing = sorted(trainable - set(state))
+        if missing:
+            raise ValueError(f"critic checkpoint lacks trained weights {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+        self.load_state_dict(state, strict=False)
 
     def export_model(self):
         """The plain transformers classifier to save (LoRA adapters merged into the body)."""

@@ -131,7 +131,7 @@ def _save_best(cfg: dict, module, tok, ckpt, trainer, model_dir: Path, fit_s: fl
     """The checkpoint best by ``monitor`` into ``model_dir`` (save_pretrained + critic_meta.json), atomically."""
     best = ckpt.best_model_path
     if best and Path(best).exists():
-        module.load_state_dict(checkpoint_weights(best))
+        module.load_weights(checkpoint_weights(best))
         log.info("critic: best epoch by %s = %.4f (%s)", cfg["monitor"], float(ckpt.best_model_score), best)
     with atomic_dir(model_dir) as tmp:  # a temporary sibling renamed into place
         module.export_model().save_pretrained(tmp)

@@ -342,3 +342,32 @@ def test_critic_cli_trains_the_configured_critic_alone(tmp_path, capsys):
     assert (tmp_path / "c" / "metrics.json").stat().st_mtime_ns == mtime
     assert main(["--out", str(tmp_path / "bad"), *common, "critic.lora.rank=4"]) == 2
     assert "critic.lora.rank" in capsys.readouterr().err and not (tmp_path / "bad" / "model").exists()
+
+
+def test_lora_critic_checkpoints_hold_only_trained_weights_and_resume(tmp_path, caplog):
+    import logging
+    import shutil
+
+    import torch
+
+    from critics.train import train_critic
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(SEED.read_text().splitlines(keepends=True)[:120]))
+    cfg = {"name": "tiny:roberta", "max_epochs": 1, "lr": 1e-2, "patience": 0, "batch_size": 16, "min_examples": 10,
+           "monitor": "val/ap", "keep_checkpoints": True, "probes": False,
+           "lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": ["query", "value"]}}
+    trainer_cfg = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1,
+                   "enable_progress_bar": False, "enable_model_summary": False, "log_every_n_steps": 1}
+    out = tmp_path / "critic"
+    train_critic(cfg, [small], out, trainer_cfg)
+    for name in ("last.ckpt", "best.ckpt"):
+        keys = set(torch.load(out / "checkpoints" / name, map_location="cpu", weights_only=False)["state_dict"])
+        assert keys and all("lora_" in k or "classifier" in k for k in keys), sorted(keys)[:5]
+        assert not any("embeddings" in k or k.endswith("key.weight") for k in keys)
+    shutil.rmtree(out / "model")  # as if the run died after epoch 1
+    with caplog.at_level(logging.INFO, logger="critics.train"):
+        res = train_critic({**cfg, "max_epochs": 2}, [small], out, trainer_cfg)
+    assert "resuming training from" in caplog.text
+    meta = json.loads((out / "model" / "critic_meta.json").read_text())
+    assert meta["epochs_trained"] == 2 and res["dev_ap"] == pytest.approx(meta["best_score"], abs=1e-5)
