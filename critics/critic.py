@@ -84,18 +84,20 @@ class CriticModule(L.LightningModule):
         batch = {k: v for k, v in batch.items() if k != "labels"}
         return self(**batch).logits.float().softmax(-1)[:, VALID]
 
+    def _trained(self) -> set[str]:
+        return {n for n, p in self.named_parameters() if p.requires_grad}
+
     def on_save_checkpoint(self, checkpoint):
         if self.lora_enabled:  # a 7B body would otherwise be written whole every ckpt_every_n_steps
-            trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+            trained = self._trained()
+            checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trained}
 
     def load_weights(self, state: dict) -> None:
         """Load a checkpoint's weights; with LoRA only the trained ones are there, and every one of them must be."""
         if not self.lora_enabled:
             self.load_state_dict(state)
             return
-        trainable = {n for n, p in self.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(state))
+        missing = sorted(self._trained() - set(state))
         if missing:
             raise ValueError(f"critic checkpoint lacks trained weights {missing[:3]}{' ...' if len(missing) > 3 else ''}")
         self.load_state_dict(state, strict=False)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from i2d2.io import DataError, read_jsonl, read_table, save_table, write_arrow
-from i2d2.recipes.generics import _concept_cap, filter_generations
+from i2d2.recipes.generics import _cap_per_group, filter_generations
 
 FCFG = {"truncate": "sentence", "require_sentence_end": True, "require_constraints": True, "dedupe": True,
         "near_duplicate_ratio": 90, "max_per_concept": 2}
@@ -85,8 +85,8 @@ def test_shards_with_all_null_fields_concatenate(tmp_path):
     assert read_table(tmp_path).to_list() == [{"a": None, "m": []}, {"a": "x", "m": ["y", None]}]
 
 
-def test_concept_cap_keeps_best_per_concept():
-    keep = _concept_cap(np.array([0.1, 0.9, 0.5, 0.7, 0.7]), np.array([0, 0, 0, 1, 1]), 2)
+def test_cap_per_group_keeps_best_per_concept():
+    keep = _cap_per_group(np.array([0.1, 0.9, 0.5, 0.7, 0.7]), np.array([0, 0, 0, 1, 1]), 2)
     assert keep.tolist() == [False, True, True, True, True]
 
 

@@ -520,15 +520,15 @@ def _column(ds, name: str):
     return ds.with_format("arrow").select_columns([name])[:][name]
 
 
-def _concept_cap(scores: np.ndarray, concepts: np.ndarray, cap: int) -> np.ndarray:
+def _cap_per_group(scores: np.ndarray, groups: np.ndarray, cap: int) -> np.ndarray:
     """Mask of the rows within the ``cap`` best-scored of their group (integer codes: the concept, or the frame;
     ties: earlier rows)."""
-    order = np.lexsort((np.arange(len(scores)), -scores, concepts))  # by concept, best first within it
-    c = concepts[order]
+    order = np.lexsort((np.arange(len(scores)), -scores, groups))  # by group, best first within it
+    c = groups[order]
     starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
-    rank_in_concept = np.arange(len(c)) - np.repeat(starts, np.diff(np.r_[starts, len(c)]))
+    rank_in_group = np.arange(len(c)) - np.repeat(starts, np.diff(np.r_[starts, len(c)]))
     keep = np.zeros(len(scores), dtype=bool)
-    keep[order[rank_in_concept < cap]] = True
+    keep[order[rank_in_group < cap]] = True
     return keep
 
 
@@ -566,23 +566,29 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
         unsat = pc.fill_null(pc.equal(_column(ds, "all_satisfied"), False), False).to_numpy(zero_copy_only=False)
         reason[(reason < 0) & unsat] = 3
     n_unsat = int((reason == 3).sum())
+    # the statements still in play, read once; every later step works on a subset of these rows
+    pool = np.flatnonzero(reason < 0)
+    pool_text = _column(ds.select(pool), "statement").to_pylist()
+
+    def statements(idx: np.ndarray) -> list[str]:
+        return [pool_text[j] for j in np.searchsorted(pool, idx)]
+
     if fcfg.get("drop_repeated_items", True):  # a list that names an item twice: labelled garbled every time
         from i2d2.filtering import repeats_list_item
 
-        idx = np.flatnonzero(reason < 0)
-        looped = np.array([repeats_list_item(t) for t in _column(ds.select(idx), "statement").to_pylist()], dtype=bool)
-        reason[idx[looped]] = 6
+        looped = np.array([repeats_list_item(t) for t in pool_text], dtype=bool)
+        reason[pool[looped]] = 6
     # concepts as integer codes (case folded, as near_duplicates groups them): no Python string per row
     concepts = (pc.utf8_lower(pc.cast(_column(ds, "concept"), pa.string())) if "concept" in ds.column_names
                 else pa.chunked_array([pa.array([""] * n, pa.string())]))
-    concepts = pc.fill_null(concepts, "")
-    concept_code = concepts.combine_chunks().dictionary_encode().indices.to_numpy()
+    encoded = pc.fill_null(concepts, "").combine_chunks().dictionary_encode()
+    concept_code, concept_names = encoded.indices.to_numpy(), encoded.dictionary.to_pylist()
     duplicate_src = np.full(n, -1)
     if fcfg.get("dedupe", True):  # one statement per near-duplicate cluster of a concept, the best-scored
         idx = np.flatnonzero(reason < 0)
-        statements = _column(ds.select(idx), "statement").to_pylist()  # the accepted rows only
-        rep = near_duplicates(statements, concept_code[idx].tolist(), threshold=float(fcfg.get("near_duplicate_ratio", 90)),
-                              order=critic_score[idx], by_content=bool(fcfg.get("dedupe_by_content", True)))
+        rep = near_duplicates(statements(idx), concept_code[idx].tolist(),
+                              threshold=float(fcfg.get("near_duplicate_ratio", 90)), order=critic_score[idx],
+                              by_content=bool(fcfg.get("dedupe_by_content", True)))
         dup = np.flatnonzero(rep != np.arange(len(idx)))
         reason[idx[dup]] = 4
         duplicate_src[idx[dup]] = idx[rep[dup]]
@@ -591,15 +597,13 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
         from i2d2.filtering import frame_key
 
         idx = np.flatnonzero(reason < 0)
-        sub = ds.select(idx)
-        frames = [frame_key(t, c) for t, c in zip(_column(sub, "statement").to_pylist(),
-                                                   concepts.take(pa.array(idx)).to_pylist())]
+        frames = [frame_key(t, concept_names[c]) for t, c in zip(statements(idx), concept_code[idx])]
         codes = np.unique(np.array(frames, dtype=object), return_inverse=True)[1].reshape(-1)
-        reason[idx[~_concept_cap(critic_score[idx], codes, int(frame_cap))]] = 7
+        reason[idx[~_cap_per_group(critic_score[idx], codes, int(frame_cap))]] = 7
     cap = fcfg.get("max_per_concept")
     if cap:  # balance: one concept's template must not dominate what P_{k+1} imitates
         idx = np.flatnonzero(reason < 0)
-        reason[idx[~_concept_cap(critic_score[idx], concept_code[idx], int(cap))]] = 5
+        reason[idx[~_cap_per_group(critic_score[idx], concept_code[idx], int(cap))]] = 5
     ds = ds.remove_columns(["_finished"])
     duplicate_of = pc.take(_column(ds, "statement"), pa.array(duplicate_src, mask=duplicate_src < 0))
     ds = (ds.add_column("critic_score", pa.array(critic_score, mask=np.isnan(critic_score)))

@@ -310,13 +310,14 @@ def refresh_heldout_accuracy(run_dir: Path) -> list[Path]:
 
     run_dir = Path(run_dir)
     acc = {int(r["iteration"]): r for r in heldout_accuracy(run_dir)}
-    done = sorted(k for k in acc if (run_dir / f"iter_{k}" / "report" / "metrics.json").exists())
-    for k in done:  # every iteration's numbers first: a report's table of all iterations reads them
+    metrics = {}
+    for k in sorted(acc):  # every iteration's numbers first: a report's table of all iterations reads them
         path = run_dir / f"iter_{k}" / "report" / "metrics.json"
-        m = json.loads(path.read_text())
-        write_json(path, {**m, **{key: acc[k][src] for key, src in HELDOUT_KEYS.items()}})
+        if path.exists():
+            metrics[k] = {**json.loads(path.read_text()), **{key: acc[k][src] for key, src in HELDOUT_KEYS.items()}}
+            write_json(path, metrics[k])
     out = []
-    for k in done:
+    for k, m in metrics.items():
         it_dir = run_dir / f"iter_{k}"
         samples_path = it_dir / "report" / "samples.json"
         if not samples_path.exists():
@@ -324,7 +325,6 @@ def refresh_heldout_accuracy(run_dir: Path) -> list[Path]:
                         "accuracy, report.md is re-rendered when the iteration is resumed", it_dir)
             continue
         pr_png = "report/pr_curves.png" if (it_dir / "report" / "pr_curves.png").exists() else None
-        m = json.loads((it_dir / "report" / "metrics.json").read_text())
         md = render_markdown(m, dict(json.loads(samples_path.read_text())), history(run_dir, k), pr_png)
         out.append(write_text(it_dir / "report.md", md))
     return out
