@@ -13,7 +13,8 @@ Settings timed per model (one process, warm-up first):
   python scripts/bench_decoding.py --profile --models tiny:gpt2   # where a step's time goes (see below)
 
 --profile prints, per setting, per decoding step (one model forward): operator calls (top-level aten ops from
-torch.profiler: the CPU proxy for kernel launches), CUDA kernels (on a GPU), host syncs (aten::_local_scalar_dense,
+torch.profiler), of them the compute ops (all but view-only ops such as view / reshape / expand / slice, which launch
+nothing: the CPU proxy for kernel launches), CUDA kernels (on a GPU), host syncs (aten::_local_scalar_dense,
 i.e. .item() / bool() / int() on a tensor, plus aten::nonzero, which waits for the device) and ms per step (from
 a separate run without the profiler).  The plain beam-search step is the floor.
 """
@@ -21,7 +22,6 @@ a separate run without the profiler).  The plain beam-search step is the floor.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -166,11 +166,15 @@ def run_model(name, args, out_rows):
 
 
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
+# ops that only make a new view of existing memory: no kernel runs on a GPU and no data is touched on a CPU
+VIEW_OPS = frozenset(f"aten::{n}" for n in (
+    "view", "reshape", "_reshape_alias", "expand", "expand_as", "as_strided", "unsqueeze", "squeeze", "permute",
+    "transpose", "t", "slice", "select", "alias", "unflatten", "flatten", "view_as", "unbind", "split", "chunk",
+    "narrow", "detach", "lift_fresh"))
 
 
 def profile_setting(name, label, fn, model, args, sync):
     """One row of the --profile table: per-step operator calls, CUDA kernels, host syncs and ms."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     forwards = []
@@ -189,16 +193,20 @@ def profile_setting(name, label, fn, model, args, sync):
     finally:
         hook.remove()
     events = prof.events()
-    ops = sum(1 for e in events if e.name.startswith("aten::") and e.device_type.name == "CPU"
-              and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::")))
+    top = [e for e in events if e.name.startswith("aten::") and e.device_type.name == "CPU"
+           and not (e.cpu_parent is not None and e.cpu_parent.name.startswith("aten::"))]
+    ops = len(top)
+    views = sum(1 for e in top if e.name in VIEW_OPS)
     syncs = sum(1 for e in events if e.name in SYNC_OPS)
     kernels = sum(1 for e in events if e.device_type.name == "CUDA")
     row = {"model": name, "setting": label, "device": str(args.device), "steps": steps,
-           "ops_per_step": round(ops / steps, 1), "syncs_per_step": round(syncs / steps, 2),
+           "ops_per_step": round(ops / steps, 1), "compute_ops_per_step": round((ops - views) / steps, 1),
+           "syncs_per_step": round(syncs / steps, 2),
            "kernels_per_step": round(kernels / steps, 1) if kernels else None,
            "ms_per_step": round(1e3 * wall / steps, 2)}
     kern = "-" if not kernels else row["kernels_per_step"]
-    print(f"{name:18s} {label:8s} {steps:6d} {row['ops_per_step']:10.1f} {kern:>10} {row['syncs_per_step']:8.2f} "
+    print(f"{name:18s} {label:8s} {steps:6d} {row['ops_per_step']:10.1f} {row['compute_ops_per_step']:10.1f} "
+          f"{kern:>10} {row['syncs_per_step']:8.2f} "
           f"{row['ms_per_step']:9.2f}",
           flush=True)
     return row
@@ -232,7 +240,7 @@ def main(argv=None):
     print(f"device={args.device} threads={torch.get_num_threads()} batch={args.batch} beam={args.beam} "
           f"new_tokens={args.max_new_tokens}")
     if args.profile:
-        print(f"{'model':18s} {'setting':8s} {'steps':>6s} {'ops/step':>10s} {'kern/step':>10s} {'syncs/st':>8s} "
+        print(f"{'model':18s} {'setting':8s} {'steps':>6s} {'ops/step':>10s} {'compute':>10s} {'kern/step':>10s} {'syncs/st':>8s} "
               f"{'ms/step':>9s}")
     else:
         print(f"{'model':18s} {'setting':8s} {'wall':>10s}   ratio to plain beam search")

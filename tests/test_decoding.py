@@ -411,3 +411,43 @@ def test_stop_strings_end_hypotheses_at_sentence_end(lm):
                 assert g.text.endswith(".") and g.text.count(".") == 1, g.text
                 assert "\n" not in g.text
             assert check(g.text, cs) == g.all_satisfied, g.text
+
+
+def test_compiled_tables_per_literal(tiny_gpt2):
+    """The batch tables the step reads: the first literal of a clause spelling a word is the one reported, a word
+    counts once per count group, a single word's trie progress is matched letters / word length in either case
+    variant, and a phrase's character offsets are per word."""
+    from i2d2.decoding.compile import compile_batch
+    from i2d2.decoding.constraints import phrase_words
+
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, DecodingConfig())
+    rows = [ConstraintSet(clauses=[Clause([Literal("Dogs"), Literal("dogs"), Literal("used for")])],
+                          counts=[CountConstraint(["cats", "cats", "the"], 1), CountConstraint(["cats"], 2)]),
+            ConstraintSet(dynamic=[DynamicClause(["bigger", "dogs"], top_k=1)])]
+    cp = compile_batch(rows, dec.tables, tok, "cpu", {})
+    w = {x: i for i, x in enumerate(cp.words)}
+    lits = [[li.text for li in r] for r in cp.lits]
+    assert cp.wlit[0, w["dogs"], 0].item() == lits[0].index("Dogs")  # the first of the two spellings
+    assert cp.wtab[0, w["dogs"], 0].item() == 2  # both are literals of clause 0
+    G0 = 2 * cp.Cl
+    assert cp.wtab[0, w["cats"], G0].item() == 1 and cp.wtab[0, w["cats"], G0 + 1].item() == 1
+    assert cp.wtab[0, w["the"], G0].item() == 1 and cp.wtab[0, w["the"], G0 + 1].item() == 0
+    node = {s: i for s, i in zip(*_trie_nodes(cp))}
+    for prefix, frac in [("dog", 0.75), ("Dog", 0.75), ("do", 0.5), ("D", 0.25)]:
+        assert cp.node_prog[0, node[prefix], 0].item() == pytest.approx(frac)
+    assert cp.node_prog[1, node["bigg"], 0].item() == pytest.approx(4 / 6)
+    assert cp.node_prog[1, node["bigg"], 0].item() > 0 and cp.node_prog[0, node["bigg"], 0].item() == 0
+    k = [i for i, li in enumerate(cp.lits[0]) if li.positive and li.clause == 0].index(lits[0].index("used for"))
+    assert cp.pos_charlen[0, k].tolist()[:3] == [0.0, 4.0, 7.0]
+    assert phrase_words("Used for") == ("used", "for") and cp.pos_dyn[1, :2].tolist() == [0, 0]
+
+
+def _trie_nodes(cp):
+    """(prefix, node id) of every trie node, read back from the prefix table."""
+    out = {}
+    for wi, word in enumerate(cp.words):
+        for vi, v in enumerate((word, word[:1].upper() + word[1:])):
+            for dd in range(1, len(v) + 1):
+                out[v[:dd]] = int(cp.prefix_node[wi, vi, dd])
+    return list(out), list(out.values())

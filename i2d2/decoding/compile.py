@@ -10,11 +10,12 @@ value -1 means "no word completed", -2 "an irrelevant word completed".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 
-from .constraints import ConstraintSet, Literal, word_variants
+from .constraints import ConstraintSet, phrase_words, word_variants
 from .vocab import TokenTables, byte_letters
 
 ROOT, DEAD = 0, 1
@@ -102,25 +103,25 @@ def _row_literals(cs: ConstraintSet) -> list[LitInfo]:
     out = []
     for ci, c in enumerate(cs.clauses):
         for lit in c.literals:
-            out.append(LitInfo(lit.text, lit.words(), ci, lit.positive, -1, False))
+            out.append(LitInfo(lit.text, phrase_words(lit.text), ci, lit.positive, -1, False))
     nc = len(cs.clauses)
     for di, d in enumerate(cs.dynamic):
         seen = set()
         for w in d.words:
-            key = Literal(w).words()
+            key = phrase_words(w)
             if key not in seen:
                 seen.add(key)
                 out.append(LitInfo(w, key, nc + di, True, -1, True))
     # words forbidden on their own (count limit 0, or a one-literal negative clause): a forbidden phrase
     # containing one of them can never occur without an earlier violation, so it needs no state of its own
-    banned = {Literal(w).words()[0] for g in cs.counts if int(g.max_count) == 0 for w in g.words
-              if len(Literal(w).words()) == 1}
-    banned |= {c.literals[0].words()[0] for c in cs.clauses
-               if len(c.literals) == 1 and not c.literals[0].positive and len(c.literals[0].words()) == 1}
+    banned = {phrase_words(w)[0] for g in cs.counts if int(g.max_count) == 0 for w in g.words
+              if len(phrase_words(w)) == 1}
+    banned |= {phrase_words(c.literals[0].text)[0] for c in cs.clauses
+               if len(c.literals) == 1 and not c.literals[0].positive and len(phrase_words(c.literals[0].text)) == 1}
     for gi, g in enumerate(cs.counts):
         seen = set()
         for w in g.words:
-            key = Literal(w).words()
+            key = phrase_words(w)
             if key in seen:  # a word listed twice counts once per occurrence, not twice
                 continue
             seen.add(key)
@@ -128,6 +129,16 @@ def _row_literals(cs: ConstraintSet) -> list[LitInfo]:
                 continue
             out.append(LitInfo(w, key, -1, True, gi, False))
     return out
+
+
+@lru_cache(maxsize=1 << 16)
+def _charlen(words: tuple) -> tuple:
+    """Automaton letters before each word of a phrase, and in all (``len(words) + 1`` values)."""
+    out, acc = [0.0], 0.0
+    for w in words:
+        acc += len(byte_letters(w))
+        out.append(acc)
+    return tuple(out)
 
 
 def _phrase_dfa(words: list, n_words: int) -> np.ndarray:
@@ -293,10 +304,11 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         for li in r:
             if li.clause >= 0 and not li.positive:
                 nneg[li.clause] = nneg.get(li.clause, 0) + 1
+        for c, k in nneg.items():
+            neg_total[b, c] = k
         phr, pos = [], []
+        tw, tcol, first_lit = [], [], {}  # wtab increments; (word, clause) -> the first literal spelling it
         for li_idx, li in enumerate(r):
-            if li.clause >= 0 and not li.positive:
-                neg_total[b, li.clause] += 1
             if li.clause >= 0 and li.positive:
                 cl_has_pos[b, li.clause] = True
                 pos.append(li_idx)
@@ -304,14 +316,19 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
                 phr.append(li_idx)
                 continue
             w = words[li.words[0]]
+            tw.append(w)
             if li.group >= 0:
-                wtab[b, w, 2 * Cl + li.group] += 1
+                tcol.append(2 * Cl + li.group)
             elif li.positive:
-                wtab[b, w, li.clause] += 1
-                if wlit[b, w, li.clause] < 0:
-                    wlit[b, w, li.clause] = li_idx
+                tcol.append(li.clause)
+                first_lit.setdefault((w, li.clause), li_idx)
             else:
-                wtab[b, w, Cl + li.clause] += 1
+                tcol.append(Cl + li.clause)
+        if tw:
+            np.add.at(wtab[b], (np.asarray(tw), np.asarray(tcol)), 1)
+        if first_lit:
+            wc = np.asarray(list(first_lit))
+            wlit[b, wc[:, 0], wc[:, 1]] = list(first_lit.values())
         phr_rows.append(phr)
         pos_rows.append(pos)
     Lph = max(len(x) for x in phr_rows)
@@ -352,29 +369,45 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     pos_charlen = np.zeros((B, Lp, Pp + 1), dtype=np.float32)
     Nn = len(node_word)
     node_prog = np.zeros((B, Nn, Cl), dtype=np.float32)
+    # progress of a single word = matched prefix / word length, per trie node on the word's variants (max over them)
+    word_prog = {}
+    for wi, w in enumerate(wlist):
+        best = {}
+        for v in variants[wi]:
+            for dd in range(1, len(v) + 1):
+                n = node_of[v[:dd]]
+                best[n] = max(best.get(n, 0.0), dd / len(v))
+        word_prog[w] = (list(best), list(best.values()))
+    # one table write per row and field (a NeuroComparatives row has ~300 positive literals)
     for b, (cs, r, ps, phr) in enumerate(zip(css, rows, pos_rows, phr_rows)):
+        if not ps:
+            continue
         nc = len(cs.clauses)
         phpos = {li_idx: k for k, li_idx in enumerate(phr)}
-        for k, li_idx in enumerate(ps):
-            li = r[li_idx]
-            pos_words[b, k, : len(li.words)] = np.asarray([words[w] for w in li.words])
-            pos_len[b, k] = len(li.words)
-            pos_ph[b, k] = phpos.get(li_idx, -1)
-            pos_valid[b, k] = True
-            pos_clause[b, k] = li.clause
-            if li.dynamic:
-                pos_dyn[b, k] = li.clause - nc
-            acc = 0.0
+        lis = [r[li_idx] for li_idx in ps]
+        n = len(lis)
+        wk, wj, wv, charlen, pn, pc, pf = [], [], [], [], [], [], []
+        for k, li in enumerate(lis):
+            cum = _charlen(li.words)
+            charlen.append(cum + (cum[-1],) * (Pp - len(li.words)))
             for j, w in enumerate(li.words):
-                pos_charlen[b, k, j] = acc
-                acc += len(byte_letters(w))
-            pos_charlen[b, k, len(li.words):] = acc
-            if len(li.words) == 1:  # progress of a single word = matched prefix / word length
-                for v in map(byte_letters, word_variants(li.words[0])):
-                    for dd in range(1, len(v) + 1):
-                        n = node_of.get(v[:dd])
-                        if n is not None:
-                            node_prog[b, n, li.clause] = max(node_prog[b, n, li.clause], dd / len(v))
+                wk.append(k)
+                wj.append(j)
+                wv.append(words[w])
+            if len(li.words) == 1:
+                nodes, fracs = word_prog[li.words[0]]
+                pn += nodes
+                pc += [li.clause] * len(nodes)
+                pf += fracs
+        pos_words[b, wk, wj] = wv
+        pos_len[b, :n] = [len(li.words) for li in lis]
+        pos_ph[b, :n] = [phpos.get(li_idx, -1) for li_idx in ps]
+        pos_valid[b, :n] = True
+        pos_clause[b, :n] = [li.clause for li in lis]
+        pos_dyn[b, :n] = [li.clause - nc if li.dynamic else -1 for li in lis]
+        pos_charlen[b, :n] = charlen
+        if pn:
+            np.maximum.at(node_prog[b], (np.asarray(pn), np.asarray(pc)), np.asarray(pf, dtype=np.float32))
     gen = torch.Generator().manual_seed(1234)
     cl_weight = torch.randint(1, 1 << 58, (Cl,), generator=gen, dtype=torch.long)
     if Cl <= 58:

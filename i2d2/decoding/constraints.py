@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 
 WORD_RE = re.compile(r"[^\W_]+|[^\s]", re.UNICODE)  # a letter/digit run, or any single non-space char
 
@@ -48,7 +49,14 @@ class Literal:
     positive: bool = True
 
     def words(self) -> tuple[str, ...]:
-        return tuple(canonical_word(w) for w in split_words(self.text))
+        return phrase_words(self.text)
+
+
+@lru_cache(maxsize=1 << 16)
+def phrase_words(text: str) -> tuple[str, ...]:
+    """The canonical words of a literal's text (cached: a NeuroComparatives batch re-reads its ~300 dynamic words
+    for every prompt of every batch)."""
+    return tuple(canonical_word(w) for w in split_words(text))
 
 
 @dataclass

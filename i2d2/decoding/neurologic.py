@@ -43,6 +43,12 @@ _KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tok
 STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done (the only sync in the loop)
 
 
+def _take(table, idx):
+    """``table[idx]`` for an integer index tensor of any shape, as one ``index_select``: on a CPU advanced indexing
+    costs 2-3x more per call, and the decoding step makes dozens of these lookups."""
+    return table.index_select(0, idx.reshape(-1)).reshape(*idx.shape, *table.shape[1:])
+
+
 @dataclass
 class Generation:
     text: str
@@ -64,7 +70,7 @@ class _State:
         out = {}
         for k in self.__slots__:
             v = getattr(self, k)
-            out[k] = None if v is None else v.reshape(n_flat, *v.shape[2:])[idx]
+            out[k] = None if v is None else _take(v.reshape(n_flat, *v.shape[2:]), idx)
         return _State(**out)
 
     def __init__(self, **kw):
@@ -193,8 +199,8 @@ class NeuroLogicDecoder:
     def _lookup(self, cp: Compiled, n, f):
         key = n * cp.F + f
         idx = torch.searchsorted(cp.keys, key).clamp(max=cp.keys.numel() - 1)
-        found = cp.keys[idx] == key
-        res = torch.where(found, cp.vals[idx], torch.full_like(n, DEAD))
+        found = _take(cp.keys, idx) == key
+        res = torch.where(found, _take(cp.vals, idx), torch.full_like(n, DEAD))
         res = torch.where(n == DEAD, torch.full_like(n, DEAD), res)
         return torch.where(f == 0, n, res)
 
@@ -217,22 +223,22 @@ class NeuroLogicDecoder:
         """Word events of every (hypothesis, candidate) pair in text order, [E, N, C] (word id / NO_EVENT /
         OTHER), and the pending trie node after the candidate token."""
         N, C = cand.shape
-        hs = self.t_hassep[cand]
-        ext = self._lookup(cp, st.node[:, None].expand(N, C), self.t_lead[cand])
+        hs = _take(self.t_hassep, cand)
+        ext = self._lookup(cp, st.node[:, None].expand(N, C), _take(self.t_lead, cand))
         root = torch.zeros_like(ext)
-        node = torch.where(hs, self._lookup(cp, root, self.t_tail[cand]), ext)
-        events = [torch.where(hs, cp.node_word[ext], NO_EVENT)[None]]
+        node = torch.where(hs, self._lookup(cp, root, _take(self.t_tail, cand)), ext)
+        events = [torch.where(hs, _take(cp.node_word, ext), NO_EVENT)[None]]
         if lt["inner_ev"].shape[1]:
-            events.append(lt["inner_ev"][cand].permute(2, 0, 1))
+            events.append(_take(lt["inner_ev"], cand).permute(2, 0, 1))
         if final:  # the text ends: the pending word is complete
-            events.append(torch.where(self.is_eos_v[cand], NO_EVENT, cp.node_word[node])[None])
+            events.append(torch.where(_take(self.is_eos_v, cand), NO_EVENT, _take(cp.node_word, node))[None])
             node = root
         return torch.cat(events) if len(events) > 1 else events[0], node
 
     def _phrase_step(self, cp: Compiled, lt, prog, ev):
         """One KMP step of every phrase for word event ``ev`` [N, C]: (new progress, completed) [N, C, Lph]."""
         u = ev[..., None]
-        code = lt["ph_dfa"][(lt["ph_base"] + prog) * cp.Wc1 + torch.where(u >= 0, u, cp.Wc1 - 1)]
+        code = _take(lt["ph_dfa"], (lt["ph_base"] + prog) * cp.Wc1 + torch.where(u >= 0, u, cp.Wc1 - 1))
         has = u != NO_EVENT
         return torch.where(has, code >> 1, prog), has & ((code & 1) == 1)
 
@@ -245,9 +251,9 @@ class NeuroLogicDecoder:
         # single-word literals: per-word increment tables
         wl = cp.Wc1 - 1
         uidx = torch.where(ev >= 0, ev, wl) + lt["rowoff"]  # [E, N, C]
-        d = lt["wtab"][uidx]  # [E, N, C, 2Cl+G]
+        d = _take(lt["wtab"], uidx)  # [E, N, C, 2Cl+G]
         inc = d.sum(0)
-        lits = lt["wlit"][uidx]  # [E, N, C, Cl]: the first event naming a literal of the clause wins
+        lits = _take(lt["wlit"], uidx)  # [E, N, C, Cl]: the first event naming a literal of the clause wins
         lit = lits[E - 1]
         for e in range(E - 2, -1, -1):  # E is 1-3: elementwise selects beat a reduction over a short outer dim
             lit = torch.where(lits[e] >= 0, lits[e], lit)
@@ -266,22 +272,23 @@ class NeuroLogicDecoder:
             prog = st.ph_prog[:, None, :].expand(N, C, Lph)
             occ0 = st.ph_occ[:, None, :]
             occ = occ0
-            first = None
+            ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
             for e in range(E):
                 prog, comp = self._phrase_step(cp, lt, prog, ev[e])
                 occ = occ + comp.long()
                 if cp.has_order:
-                    first = torch.where(comp, e, E) if first is None else torch.where(comp & (first == E), e, first)
+                    hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
+                    ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
             newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
             cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
             cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
             # literal that satisfied clause c (phrase case)
-            nl = (newly.reshape(N, C, Lph, 1) > 0) & lt["ph_pos_mask"]  # [N, C, Lph, Cl]
-            li = torch.where(nl, lt["ph_gidx"][..., None], -1).max(2).values
+            # (a product and a max over a precomputed table: a where() over [N, C, Lph, Cl] costs 3x more on a CPU)
+            li = ((newly.reshape(N, C, Lph, 1) > 0) * lt["ph_lit1"]).max(2).values - 1
             cmatch = torch.where(cmatch < 0, li, cmatch)
             if cp.has_order:
-                hit_e = torch.minimum(hit_e, torch.where(lt["ph_pos_mask"], first[..., None], E).min(2).values)
+                hit_e = torch.minimum(hit_e, ph_hit)
             ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
         else:
             ph_prog = ph_occ = None
@@ -315,8 +322,8 @@ class NeuroLogicDecoder:
             # sat_tolerance ("tentative" satisfaction, ``tsat``), instead of ranking low inside the group it had;
             # one whose pending word would break a limit, a negative literal or an order once completed is
             # ``risky`` (a likely dead end, ranked after the safe ones).
-            w_end = cp.node_word[node]
-            d = lt["wtab"][torch.where(w_end >= 0, w_end, wl) + lt["rowoff"]]
+            w_end = _take(cp.node_word, node)
+            d = _take(lt["wtab"], torch.where(w_end >= 0, w_end, wl) + lt["rowoff"])
             tpos = cpos + d[..., :Cl]
             tneg = cneg + d[..., Cl:2 * Cl]
             tg = gcnt + d[..., 2 * Cl:]
@@ -350,14 +357,14 @@ class NeuroLogicDecoder:
         (tentatively, ``sat``) satisfied; a literal the pending word already completes is no longer partial."""
         N, C = st.node.shape
         unsat_cl = ~sat & lt["cl_has_pos"]
-        single = cp.node_prog.reshape(-1, cp.Cl)[st.node + lt["nodeoff"]]  # [N, C, Cl]
+        single = _take(cp.node_prog.reshape(-1, cp.Cl), st.node + lt["nodeoff"])  # [N, C, Cl]
         best = torch.where(unsat_cl, single, torch.zeros_like(single)).max(-1).values
         if cp.Lph and lt["has_pos_phrase"]:
             Lp = cp.Lp
             ph = lt["pos_ph"]  # [N,1,Lp]
             prog = torch.where(ph >= 0, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp)), torch.zeros_like(ph))
             words = lt["pos_words"].expand(N, C, Lp * cp.Pp).gather(2, lt["pos_lidx"] + prog.clamp(max=cp.Pp - 1))
-            depth = cp.node_depth[st.node].clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
+            depth = _take(cp.node_depth, st.node).clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
             w = words.clamp(min=0)
             on = torch.zeros_like(prog, dtype=torch.bool)
             for v in range(2):
@@ -382,23 +389,23 @@ class NeuroLogicDecoder:
         wflat = lt["pos_words2"]
         words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1))
         # the pending word already spells the next literal word: propose the word after it
-        pend_done = cp.node_word[st.node][:, None] == words
+        pend_done = _take(cp.node_word, st.node)[:, None] == words
         prog = prog + pend_done.long()
         live = prog < lt["pos_len2"]
         words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
-        start = cp.path_first[words]  # [N, Lp, 2]: first token of each variant of the current word
+        start = _take(cp.path_first, words)  # [N, Lp, 2]: first token of each variant of the current word
         unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
         want = torch.zeros(N, cp.Wc1, dtype=torch.long, device=lp.device)  # [N, word]: some literal needs it
         want.scatter_add_(1, words, (unsat & ~pend_done).long())
-        cont = cp.node_cont_tok[st.node]
-        cword = cp.node_cont_word[st.node]
+        cont = _take(cp.node_cont_tok, st.node)
+        cword = _take(cp.node_cont_word, st.node)
         cont_ok = (cword >= 0) & (want.gather(1, cword.clamp(min=0)) > 0)
         dyn = lt["pos_dyn2"]
         if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
             sc = lp.gather(1, start[..., 0].clamp(min=0))  # [N, Lp]
-            mine = dyn[:, None, :] == lt["dyn_index"][None, :, None]  # [N, D, Lp]
+            mine = lt["dyn_mine"]  # [N, D, Lp]: literal belongs to dynamic clause
             s = torch.where(mine, sc[:, None, :], NEG)
             kk = min(max(cp.dyn_kmax), cp.Lp)
             kth = s.topk(kk, dim=2).values.gather(2, (lt["dyn_topk"][..., None] - 1).clamp(max=kk - 1))
@@ -406,17 +413,20 @@ class NeuroLogicDecoder:
             start_ok = unsat & ((dyn < 0) | promoted)
         else:
             start_ok = unsat
-        start_ok = start_ok[..., None].expand_as(start)  # per variant
-        started_start = start_ok & (prog > 0)[..., None]
+        # masks stay per literal [N, Lp] as long as they can: per variant [N, Lp, 2] ops cost twice as much
+        started_start = start_ok & (prog > 0)
         if cp.has_resume:  # the path's lone-space first token is out (and left the trie at its root): its second
             # token is next. The word is under way, so like a continuation it skips a dynamic clause's top-k (ranked
             # by first tokens, which say nothing here) and the threshold
-            resume = cp.path_resume[words]
-            resume_ok = ((resume >= 0) & (st.node == ROOT)[:, None, None] & (prev[:, None, None] == start)
-                         & (unsat & ~pend_done)[..., None])
+            resume = _take(cp.path_resume, words)
+            resume_ok = ((resume >= 0) & (prev[:, None, None] == start)
+                         & ((st.node == ROOT)[:, None] & unsat & ~pend_done)[..., None])
             start = torch.where(resume_ok, resume, start)
-            start_ok = start_ok | resume_ok
-            started_start = started_start | resume_ok
+            start_ok = start_ok[..., None] | resume_ok
+            started_start = started_start[..., None] | resume_ok
+        else:
+            start_ok = start_ok[..., None].expand_as(start)
+            started_start = started_start[..., None].expand_as(start)
         toks = torch.cat([torch.where(start_ok, start, -1).reshape(N, -1), torch.where(cont_ok, cont, -1)], -1)
         # the next token of a literal already under way (inside its word, or the next word of a started phrase)
         # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
@@ -447,8 +457,8 @@ class NeuroLogicDecoder:
             "wlit": cp.wlit.reshape(B * cp.Wc1, -1),
             "ph_base": ((rep[:, None] * max(Lph, 1) + torch.arange(max(Lph, 1), device=d)) * cp.P)[:, None, :],
             "ph_dfa": cp.ph_dfa,
-            "ph_gidx": cp.ph_gidx[rep][:, None, :],
-            "ph_pos_mask": (cp.ph_cl_pos > 0)[rep][:, None],  # [N, 1, Lph, Cl]: phrase is a literal of clause
+            # [N, 1, Lph, Cl]: 1 + global literal index where the phrase is a positive literal of the clause, else 0
+            "ph_lit1": torch.where(cp.ph_cl_pos > 0, cp.ph_gidx[..., None] + 1, 0)[rep][:, None],
             "inner_ev": self._inner_events(cp),
             "cl_index": torch.arange(Cl, device=d),
             "neg_total": cp.neg_total[rep][:, None, :],
@@ -470,7 +480,7 @@ class NeuroLogicDecoder:
             "pos_dyn2": cp.pos_dyn[rep],
             "pos_charlen": cp.pos_charlen[rep][:, None],
             "dyn_topk": cp.dyn_topk[rep],
-            "dyn_index": torch.arange(cp.D, device=d),
+            "dyn_mine": cp.pos_dyn[rep][:, None, :] == torch.arange(cp.D, device=d)[None, :, None],
             "has_pos_phrase": bool((cp.pos_ph >= 0).any()),
         }
         has_positive = bool(cp.pos_valid.any())
@@ -522,7 +532,7 @@ class NeuroLogicDecoder:
                 clp = cum[:, None] + lp.gather(1, cand)
                 clp = torch.where(cvalid, clp, torch.full_like(clp, NEG))
                 new, violated, pos_ok, all_sat, risky, tsat = self._advance(cp, lt, st, cand, t, final)
-                is_eos = self.is_end_v[cand]  # EOS or a stop token: the hypothesis finishes here
+                is_eos = _take(self.is_end_v, cand)  # EOS or a stop token: the hypothesis finishes here
                 if cfg.block_eos_until_satisfied and not final:
                     clp = torch.where(is_eos & ~pos_ok, torch.full_like(clp, NEG), clp)
                 rank_sc = clp
@@ -546,21 +556,20 @@ class NeuroLogicDecoder:
                 tier = torch.where(elig, f_risky.long(), torch.where(good, 2, torch.where(fin_ok, 3, 4)))
                 f_sc = torch.where(fin_ok, rank_sc.reshape(B, KC), torch.full_like(f_clp, NEG))
                 f_grp = group.reshape(B, KC)
-                o = f_sc.argsort(dim=1, descending=True, stable=True)
-                g_o = f_grp.gather(1, o) * 8 + tier.gather(1, o)
+                o_sc = f_sc.argsort(dim=1, descending=True, stable=True)
+                g_o = f_grp.gather(1, o_sc) * 8 + tier.gather(1, o_sc)
                 o2 = g_o.argsort(dim=1, stable=True)
-                o = o.gather(1, o2)
+                o = o_sc.gather(1, o2)
                 gs = g_o.gather(1, o2)
                 ar = torch.arange(KC, device=d).expand(B, KC)
                 start_flag = torch.ones_like(gs, dtype=torch.bool)
                 start_flag[:, 1:] = gs[:, 1:] != gs[:, :-1]
                 start_pos = torch.where(start_flag, ar, torch.zeros_like(ar)).cummax(1).values
                 rig = torch.empty_like(ar).scatter_(1, o, ar - start_pos)
-                # lexicographic: tier, rank-in-group, -nsat, -score (successive stable sorts)
-                o = f_sc.argsort(dim=1, descending=True, stable=True)
-                o = o.gather(1, f_nsat.gather(1, o).argsort(dim=1, descending=True, stable=True))
-                o = o.gather(1, rig.gather(1, o).argsort(dim=1, stable=True))
-                o = o.gather(1, tier.gather(1, o).argsort(dim=1, stable=True))
+                # lexicographic: tier, rank-in-group, -nsat, -score: one stable sort of the integer part over the
+                # score order (nsat <= Cl, rank-in-group < KC)
+                lex = (tier * KC + rig) * (Cl + 1) + (Cl - f_nsat)
+                o = o_sc.gather(1, lex.gather(1, o_sc).argsort(dim=1, stable=True))
                 f_eos = is_eos.reshape(B, KC).gather(1, o)
                 if final:  # every hypothesis ends here; up to max(K, R) of the candidates fill the results
                     sel = o[:, :K]
@@ -574,17 +583,17 @@ class NeuroLogicDecoder:
                 fin_mask &= ~done[:, None]
                 # ---- finished hypotheses -> pool
                 gidx = (ar_B[:, None] * KC + fin_pick).reshape(-1)  # into N*C
-                seq = hist[gidx // C]
-                tokc = cand.reshape(-1)[gidx]
+                seq = _take(hist, gidx // C)
+                tokc = _take(cand.reshape(-1), gidx)
                 seq[:, t] = tokc
-                n_tok = (t + 1) - self.is_eos_v[tokc].long()
-                lpn = clp.reshape(-1)[gidx]
+                n_tok = (t + 1) - _take(self.is_eos_v, tokc).long()
+                lpn = _take(clp.reshape(-1), gidx)
                 S = torch.where(fin_mask.reshape(-1), lpn / n_tok.clamp(min=1).float() ** alpha, NEG)
-                allf = all_sat.reshape(-1)[gidx]
+                allf = _take(all_sat.reshape(-1), gidx)
                 Kf = fin_pick.shape[1]
-                fin.append((seq, lpn, S, n_tok, allf, new.sat.reshape(N * C, -1)[gidx],
-                            new.cmatch.reshape(N * C, -1)[gidx],
-                            new.ph_occ.reshape(N * C, -1)[gidx] if Lph else torch.zeros_like(tokc)[:, None]))
+                fin.append((seq, lpn, S, n_tok, allf, _take(new.sat.reshape(N * C, -1), gidx),
+                            _take(new.cmatch.reshape(N * C, -1), gidx),
+                            _take(new.ph_occ.reshape(N * C, -1), gidx) if Lph else torch.zeros_like(tokc)[:, None]))
                 if cfg.early_stopping:
                     n_done = n_done + (allf & torch.isfinite(S)).reshape(B, Kf).sum(1)
                     done = n_done >= R
@@ -593,9 +602,9 @@ class NeuroLogicDecoder:
                 # ---- advance beams
                 gsel = (ar_B[:, None] * KC + sel).reshape(-1)
                 src = gsel // C
-                tok_next = cand.reshape(-1)[gsel]
-                cum = clp.reshape(-1)[gsel]
-                hist = hist[src]
+                tok_next = _take(cand.reshape(-1), gsel)
+                cum = _take(clp.reshape(-1), gsel)
+                hist = _take(hist, src)
                 hist[:, t] = tok_next
                 st = new.take(gsel, N * C)
                 cache.reorder_cache(src)
