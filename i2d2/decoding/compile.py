@@ -177,7 +177,6 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     node_of = {"": ROOT}
     node_word = [NO_EVENT, OTHER]
     node_depth = [0, 0]
-    trans = {}
     frag = tables.frag_ids
     F = tables.num_frags
 
@@ -190,23 +189,32 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         return n
 
     variants, surface = [], []  # automaton spelling (byte_letters) / text of each variant
+    prefixes = []  # per word, per variant: trie node of each prefix v[:d], d = 0..len(v)
+    tkeys, tvals = [], []  # fragment transitions node(v[:i]) * F + frag(v[i:j]) -> node(v[:j])
     for w in wlist:
-        surface.append(word_variants(w))
-        vs = [byte_letters(v) for v in surface[-1]]
+        rec = cache.get(("word", w))
+        if rec is None:  # per word, kept across batches: its variants and every fragment split of them
+            sv = word_variants(w)
+            vs = [byte_letters(v) for v in sv]
+            spl = [np.array([(i, j, frag[v[i:j]]) for i in range(len(v)) for j in range(i + 1, len(v) + 1)
+                             if v[i:j] in frag] or np.zeros((0, 3)), dtype=np.int64).reshape(-1, 3) for v in vs]
+            rec = cache[("word", w)] = (sv, vs, spl)
+        sv, vs, spl = rec
+        surface.append(sv)
         variants.append(vs)
-        for v in vs:
-            for j in range(1, len(v) + 1):
-                node(v[:j])
-            node_word[node_of[v]] = words[w]
-            splits = cache.get(("split", v))
-            if splits is None:
-                splits = cache[("split", v)] = [(i, j, frag[v[i:j]]) for i in range(len(v))
-                                                for j in range(i + 1, len(v) + 1) if v[i:j] in frag]
-            for i, j, f in splits:
-                trans[node_of[v[:i]] * F + f] = node_of[v[:j]]
-    items = sorted(trans.items())
-    keys = torch.tensor([k for k, _ in items] or [-1], dtype=torch.long)
-    vals = torch.tensor([v for _, v in items] or [DEAD], dtype=torch.long)
+        per = []
+        for v, sp in zip(vs, spl):
+            pn = np.fromiter((node(v[:j]) for j in range(len(v) + 1)), dtype=np.int64, count=len(v) + 1)
+            node_word[pn[-1]] = words[w]
+            per.append(pn)
+            tkeys.append(pn[sp[:, 0]] * F + sp[:, 2])
+            tvals.append(pn[sp[:, 1]])
+        prefixes.append(per)
+    # a key names a prefix and a fragment, so every write of a key carries the same node
+    keys_np, first = np.unique(np.concatenate(tkeys or [np.zeros(0, np.int64)]), return_index=True)
+    vals_np = np.concatenate(tvals or [np.zeros(0, np.int64)])[first]
+    keys = torch.from_numpy(keys_np) if len(keys_np) else torch.tensor([-1], dtype=torch.long)
+    vals = torch.from_numpy(vals_np) if len(vals_np) else torch.tensor([DEAD], dtype=torch.long)
 
     # ---- lookahead paths: the canonical tokenization of ' ' + variant
     strings = tables.strings
@@ -245,9 +253,8 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         for vi, (toks, nodes) in enumerate(per):
             path_tok[wi, vi, : len(toks)] = np.asarray(toks)
             path_node[wi, vi, : len(nodes)] = np.asarray(nodes)
-            v = (variants[wi] + variants[wi])[vi]
-            for d in range(1, len(v) + 1):
-                prefix_node[wi, vi, d] = node_of[v[:d]]
+            pn = (prefixes[wi] + prefixes[wi])[vi]
+            prefix_node[wi, vi, 1: len(pn)] = pn[1:]
     # node -> {(word, next token)}. Not the root: every separator leads back there, so a root entry (the second
     # token of a path that opens with a lone space) would be proposed after any "," or " " and, forced as a
     # started literal, would skip the threshold and a dynamic clause's top-k; it also made J the number of such
@@ -373,10 +380,11 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     word_prog = {}
     for wi, w in enumerate(wlist):
         best = {}
-        for v in variants[wi]:
-            for dd in range(1, len(v) + 1):
-                n = node_of[v[:dd]]
-                best[n] = max(best.get(n, 0.0), dd / len(v))
+        for pn in prefixes[wi]:
+            L = len(pn) - 1
+            for dd in range(1, L + 1):
+                n = int(pn[dd])
+                best[n] = max(best.get(n, 0.0), dd / L)
         word_prog[w] = (list(best), list(best.values()))
     # one table write per row and field (a NeuroComparatives row has ~300 positive literals)
     for b, (cs, r, ps, phr) in enumerate(zip(css, rows, pos_rows, phr_rows)):

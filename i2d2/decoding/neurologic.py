@@ -276,19 +276,24 @@ class NeuroLogicDecoder:
             for e in range(E):
                 prog, comp = self._phrase_step(cp, lt, prog, ev[e])
                 occ = occ + comp.long()
-                if cp.has_order:
+                if cp.has_order and lt["ph_pos"]:
                     hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
+            # phrases count for clauses (positive / negative literals) and count groups: each table only where the
+            # batch has such phrases (NeuroComparatives' phrases are count-only)
             newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
-            cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
-            cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
-            gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
-            # literal that satisfied clause c (phrase case)
-            # (a product and a max over a precomputed table: a where() over [N, C, Lph, Cl] costs 3x more on a CPU)
-            li = ((newly.reshape(N, C, Lph, 1) > 0) * lt["ph_lit1"]).max(2).values - 1
-            cmatch = torch.where(cmatch < 0, li, cmatch)
-            if cp.has_order:
-                hit_e = torch.minimum(hit_e, ph_hit)
+            if lt["ph_pos"]:
+                cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
+                # literal that satisfied clause c (phrase case): a product and a max over a precomputed table (a
+                # where() over [N, C, Lph, Cl] costs 3x more on a CPU)
+                li = ((newly.reshape(N, C, Lph, 1) > 0) * lt["ph_lit1"]).max(2).values - 1
+                cmatch = torch.where(cmatch < 0, li, cmatch)
+                if cp.has_order:
+                    hit_e = torch.minimum(hit_e, ph_hit)
+            if lt["ph_neg"]:
+                cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
+            if lt["ph_grp"]:
+                gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
             ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
         else:
             ph_prog = ph_occ = None
@@ -330,9 +335,12 @@ class NeuroLogicDecoder:
             if cp.Lph:
                 _, tcomp = self._phrase_step(cp, lt, prog, w_end)
                 tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
-                tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
-                tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
-                tg = tg + torch.bmm(tcomp.float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
+                if lt["ph_pos"]:
+                    tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
+                if lt["ph_neg"]:
+                    tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
+                if lt["ph_grp"]:
+                    tg = tg + torch.bmm(tcomp.float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
             t_hit = tpos > 0
             t_new = t_hit & (crank == 0) & valid_cl
             t_rank = rctr[..., None] + t_new.long().cumsum(-1)
@@ -381,24 +389,36 @@ class NeuroLogicDecoder:
         """Constraint tokens proposed beside the LM's top tokens: [N, A] tokens and whether each is real.
         ``prev`` [N]: each hypothesis's last token (-1 before the first)."""
         N = lp.shape[0]
-        ph = lt["pos_ph2"]
-        if cp.Lph:
-            prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), torch.zeros_like(ph))
+        pend_word = _take(cp.node_word, st.node)[:, None]
+        if lt["single_words"] is not None:  # every positive literal is one word: its current word never changes
+            raw, words, start, resume, has_resume = lt["single_words"]
+            pend_done = pend_word == raw  # the pending word already spells it: nothing left to propose
+            need = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & ~pend_done
+            unsat, under_way = need, None  # no literal is under way at a word boundary
         else:
-            prog = torch.zeros_like(ph)
-        wflat = lt["pos_words2"]
-        words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1))
-        # the pending word already spells the next literal word: propose the word after it
-        pend_done = _take(cp.node_word, st.node)[:, None] == words
-        prog = prog + pend_done.long()
-        live = prog < lt["pos_len2"]
-        words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
-        start = _take(cp.path_first, words)  # [N, Lp, 2]: first token of each variant of the current word
-        unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
+            ph = lt["pos_ph2"]
+            if cp.Lph:
+                prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), torch.zeros_like(ph))
+            else:
+                prog = torch.zeros_like(ph)
+            wflat = lt["pos_words2"]
+            words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1))
+            # the pending word already spells the next literal word: propose the word after it
+            pend_done = pend_word == words
+            prog = prog + pend_done.long()
+            live = prog < lt["pos_len2"]
+            words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
+            start = _take(cp.path_first, words)  # [N, Lp, 2]: first token of each variant of the current word
+            unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
+            need = unsat & ~pend_done
+            under_way = prog > 0
+            if cp.has_resume:
+                resume = _take(cp.path_resume, words)
+                has_resume = resume >= 0
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
         want = torch.zeros(N, cp.Wc1, dtype=torch.long, device=lp.device)  # [N, word]: some literal needs it
-        want.scatter_add_(1, words, (unsat & ~pend_done).long())
+        want.scatter_add_(1, words, need.long())
         cont = _take(cp.node_cont_tok, st.node)
         cword = _take(cp.node_cont_word, st.node)
         cont_ok = (cword >= 0) & (want.gather(1, cword.clamp(min=0)) > 0)
@@ -414,19 +434,18 @@ class NeuroLogicDecoder:
         else:
             start_ok = unsat
         # masks stay per literal [N, Lp] as long as they can: per variant [N, Lp, 2] ops cost twice as much
-        started_start = start_ok & (prog > 0)
+        started_start = None if under_way is None else start_ok & under_way
         if cp.has_resume:  # the path's lone-space first token is out (and left the trie at its root): its second
             # token is next. The word is under way, so like a continuation it skips a dynamic clause's top-k (ranked
             # by first tokens, which say nothing here) and the threshold
-            resume = _take(cp.path_resume, words)
-            resume_ok = ((resume >= 0) & (prev[:, None, None] == start)
-                         & ((st.node == ROOT)[:, None] & unsat & ~pend_done)[..., None])
+            resume_ok = has_resume & (prev[:, None, None] == start) & ((st.node == ROOT)[:, None] & need)[..., None]
             start = torch.where(resume_ok, resume, start)
             start_ok = start_ok[..., None] | resume_ok
-            started_start = started_start[..., None] | resume_ok
+            started_start = resume_ok if started_start is None else started_start[..., None] | resume_ok
         else:
             start_ok = start_ok[..., None].expand_as(start)
-            started_start = started_start[..., None].expand_as(start)
+            started_start = (torch.zeros_like(start_ok) if started_start is None
+                             else started_start[..., None].expand_as(start))
         toks = torch.cat([torch.where(start_ok, start, -1).reshape(N, -1), torch.where(cont_ok, cont, -1)], -1)
         # the next token of a literal already under way (inside its word, or the next word of a started phrase)
         # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
@@ -482,7 +501,15 @@ class NeuroLogicDecoder:
             "dyn_topk": cp.dyn_topk[rep],
             "dyn_mine": cp.pos_dyn[rep][:, None, :] == torch.arange(cp.D, device=d)[None, :, None],
             "has_pos_phrase": bool((cp.pos_ph >= 0).any()),
+            # which kinds of literal the batch's phrases are (their tables are all zero otherwise)
+            "ph_pos": bool(cp.ph_cl_pos.any()), "ph_neg": bool(cp.ph_cl_neg.any()), "ph_grp": bool(cp.ph_grp.any()),
         }
+        lt["single_words"] = None
+        if not lt["has_pos_phrase"]:  # every positive literal is a single word (Pp = 1): its lookahead tables are fixed
+            raw = lt["pos_words2"]
+            words = raw.clamp(min=0)
+            resume = _take(cp.path_resume, words)
+            lt["single_words"] = (raw, words, _take(cp.path_first, words), resume, resume >= 0)
         has_positive = bool(cp.pos_valid.any())
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
         st = _State(node=z(N), ph_prog=z(N, Lph) if Lph else None, ph_occ=z(N, Lph) if Lph else None,
