@@ -61,6 +61,7 @@ class Compiled:
     ph_cl_pos: torch.Tensor  # [B, Lph, Cl] float
     ph_cl_neg: torch.Tensor
     ph_grp: torch.Tensor  # [B, Lph, G]
+    ph_kinds: tuple  # (any phrase is a positive literal, a negative literal, a count word): read on the host
     neg_total: torch.Tensor  # [B, Cl]
     grp_max: torch.Tensor  # [B, G]
     cl_valid: torch.Tensor  # [B, Cl]
@@ -75,7 +76,9 @@ class Compiled:
     pos_words: torch.Tensor  # [B, Lp, Pp]
     pos_len: torch.Tensor
     pos_ph: torch.Tensor  # phrase index or -1
+    has_pos_phrase: bool  # some positive literal is a phrase (else every one is a single word)
     pos_valid: torch.Tensor
+    has_positive: bool  # some row has a positive literal (the lookahead has work)
     pos_clause: torch.Tensor
     pos_dyn: torch.Tensor  # dynamic clause index (0-based among dynamic) or -1
     pos_charlen: torch.Tensor  # [B, Lp, Pp+1]
@@ -427,11 +430,12 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_words=dv(ph_words), ph_dfa=dv(ph_dfa.reshape(-1)),
         ph_len=dv(ph_len),
         ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),
-        ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp), neg_total=dv(neg_total), grp_max=dv(grp_max),
+        ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp),
+        ph_kinds=(bool(ph_cl_pos.any()), bool(ph_cl_neg.any()), bool(ph_grp.any())), neg_total=dv(neg_total), grp_max=dv(grp_max),
         cl_valid=dv(cl_valid), cl_has_pos=dv(cl_has_pos), cl_posmask=dv(cl_posmask), cl_maxpos=dv(cl_maxpos),
         cl_weight=dv(cl_weight), has_order=bool((cl_posmask != 0).any() or (cl_maxpos > 0).any()),
-        Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph),
-        pos_valid=dv(pos_valid), pos_clause=dv(pos_clause), pos_dyn=dv(pos_dyn), pos_charlen=dv(pos_charlen),
+        Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph), has_pos_phrase=bool((pos_ph >= 0).any()),
+        pos_valid=dv(pos_valid), has_positive=bool(pos_valid.any()), pos_clause=dv(pos_clause), pos_dyn=dv(pos_dyn), pos_charlen=dv(pos_charlen),
         node_prog=dv(node_prog), dyn_topk=dv(dyn_topk), D=D, has_dyn=bool((pos_dyn >= 0).any()),
         dyn_kmax=[int(x) for x in dyn_topk.max(0)], path_tok=dv(path_tok), path_node=dv(path_node),
         path_first=dv(np.ascontiguousarray(path_tok[:, :, 0])), path_resume=dv(path_resume),

@@ -500,9 +500,9 @@ class NeuroLogicDecoder:
             "pos_charlen": cp.pos_charlen[rep][:, None],
             "dyn_topk": cp.dyn_topk[rep],
             "dyn_mine": cp.pos_dyn[rep][:, None, :] == torch.arange(cp.D, device=d)[None, :, None],
-            "has_pos_phrase": bool((cp.pos_ph >= 0).any()),
+            "has_pos_phrase": cp.has_pos_phrase,
             # which kinds of literal the batch's phrases are (their tables are all zero otherwise)
-            "ph_pos": bool(cp.ph_cl_pos.any()), "ph_neg": bool(cp.ph_cl_neg.any()), "ph_grp": bool(cp.ph_grp.any()),
+            "ph_pos": cp.ph_kinds[0], "ph_neg": cp.ph_kinds[1], "ph_grp": cp.ph_kinds[2],
         }
         lt["single_words"] = None
         if not lt["has_pos_phrase"]:  # every positive literal is a single word (Pp = 1): its lookahead tables are fixed
@@ -510,7 +510,7 @@ class NeuroLogicDecoder:
             words = raw.clamp(min=0)
             resume = _take(cp.path_resume, words)
             lt["single_words"] = (raw, words, _take(cp.path_first, words), resume, resume >= 0)
-        has_positive = bool(cp.pos_valid.any())
+        has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
         st = _State(node=z(N), ph_prog=z(N, Lph) if Lph else None, ph_occ=z(N, Lph) if Lph else None,
                     cpos=z(N, Cl), cneg=z(N, Cl), gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1, crank=z(N, Cl), rctr=z(N),
