@@ -61,7 +61,8 @@ class Compiled:
     ph_cl_pos: torch.Tensor  # [B, Lph, Cl] float
     ph_cl_neg: torch.Tensor
     ph_grp: torch.Tensor  # [B, Lph, G]
-    ph_kinds: tuple  # (any phrase is a positive literal, a negative literal, a count word): read on the host
+    ph_has_neg: bool  # some phrase is a negative literal of a clause (else ph_cl_neg is all zero)
+    ph_has_grp: bool  # some phrase is a count word (else ph_grp is all zero); positive phrases: has_pos_phrase
     neg_total: torch.Tensor  # [B, Cl]
     grp_max: torch.Tensor  # [B, G]
     cl_valid: torch.Tensor  # [B, Cl]
@@ -256,8 +257,8 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         for vi, (toks, nodes) in enumerate(per):
             path_tok[wi, vi, : len(toks)] = np.asarray(toks)
             path_node[wi, vi, : len(nodes)] = np.asarray(nodes)
-            pn = (prefixes[wi] + prefixes[wi])[vi]
-            prefix_node[wi, vi, 1: len(pn)] = pn[1:]
+            pref = (prefixes[wi] + prefixes[wi])[vi]
+            prefix_node[wi, vi, 1: len(pref)] = pref[1:]
     # node -> {(word, next token)}. Not the root: every separator leads back there, so a root entry (the second
     # token of a path that opens with a lone space) would be proposed after any "," or " " and, forced as a
     # started literal, would skip the threshold and a dynamic clause's top-k; it also made J the number of such
@@ -383,10 +384,10 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     word_prog = {}
     for wi, w in enumerate(wlist):
         best = {}
-        for pn in prefixes[wi]:
-            L = len(pn) - 1
+        for pref in prefixes[wi]:
+            L = len(pref) - 1
             for dd in range(1, L + 1):
-                n = int(pn[dd])
+                n = int(pref[dd])
                 best[n] = max(best.get(n, 0.0), dd / L)
         word_prog[w] = (list(best), list(best.values()))
     # one table write per row and field (a NeuroComparatives row has ~300 positive literals)
@@ -397,7 +398,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         phpos = {li_idx: k for k, li_idx in enumerate(phr)}
         lis = [r[li_idx] for li_idx in ps]
         n = len(lis)
-        wk, wj, wv, charlen, pn, pc, pf = [], [], [], [], [], [], []
+        wk, wj, wv, charlen, prog_node, prog_cl, prog_frac = [], [], [], [], [], [], []
         for k, li in enumerate(lis):
             cum = _charlen(li.words)
             charlen.append(cum + (cum[-1],) * (Pp - len(li.words)))
@@ -407,9 +408,9 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
                 wv.append(words[w])
             if len(li.words) == 1:
                 nodes, fracs = word_prog[li.words[0]]
-                pn += nodes
-                pc += [li.clause] * len(nodes)
-                pf += fracs
+                prog_node += nodes
+                prog_cl += [li.clause] * len(nodes)
+                prog_frac += fracs
         pos_words[b, wk, wj] = wv
         pos_len[b, :n] = [len(li.words) for li in lis]
         pos_ph[b, :n] = [phpos.get(li_idx, -1) for li_idx in ps]
@@ -417,8 +418,9 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         pos_clause[b, :n] = [li.clause for li in lis]
         pos_dyn[b, :n] = [li.clause - nc if li.dynamic else -1 for li in lis]
         pos_charlen[b, :n] = charlen
-        if pn:
-            np.maximum.at(node_prog[b], (np.asarray(pn), np.asarray(pc)), np.asarray(pf, dtype=np.float32))
+        if prog_node:
+            np.maximum.at(node_prog[b], (np.asarray(prog_node), np.asarray(prog_cl)),
+                          np.asarray(prog_frac, dtype=np.float32))
     gen = torch.Generator().manual_seed(1234)
     cl_weight = torch.randint(1, 1 << 58, (Cl,), generator=gen, dtype=torch.long)
     if Cl <= 58:
@@ -431,7 +433,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         ph_len=dv(ph_len),
         ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),
         ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp),
-        ph_kinds=(bool(ph_cl_pos.any()), bool(ph_cl_neg.any()), bool(ph_grp.any())), neg_total=dv(neg_total), grp_max=dv(grp_max),
+        ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()), neg_total=dv(neg_total), grp_max=dv(grp_max),
         cl_valid=dv(cl_valid), cl_has_pos=dv(cl_has_pos), cl_posmask=dv(cl_posmask), cl_maxpos=dv(cl_maxpos),
         cl_weight=dv(cl_weight), has_order=bool((cl_posmask != 0).any() or (cl_maxpos > 0).any()),
         Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph), has_pos_phrase=bool((pos_ph >= 0).any()),

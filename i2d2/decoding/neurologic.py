@@ -44,8 +44,8 @@ STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done
 
 
 def _take(table, idx):
-    """``table[idx]`` for an integer index tensor of any shape, as one ``index_select``: on a CPU advanced indexing
-    costs 2-3x more per call, and the decoding step makes dozens of these lookups."""
+    """``table[idx]`` for a non-negative integer index tensor of any shape (no wrap-around of -1), as one
+    ``index_select``: on a CPU advanced indexing costs 2-3x more per call, and the step makes dozens of lookups."""
     return table.index_select(0, idx.reshape(-1)).reshape(*idx.shape, *table.shape[1:])
 
 
@@ -276,13 +276,13 @@ class NeuroLogicDecoder:
             for e in range(E):
                 prog, comp = self._phrase_step(cp, lt, prog, ev[e])
                 occ = occ + comp.long()
-                if cp.has_order and lt["ph_pos"]:
+                if cp.has_order and cp.has_pos_phrase:
                     hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
             # phrases count for clauses (positive / negative literals) and count groups: each table only where the
             # batch has such phrases (NeuroComparatives' phrases are count-only)
             newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
-            if lt["ph_pos"]:
+            if cp.has_pos_phrase:
                 cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
                 # literal that satisfied clause c (phrase case): a product and a max over a precomputed table (a
                 # where() over [N, C, Lph, Cl] costs 3x more on a CPU)
@@ -290,9 +290,9 @@ class NeuroLogicDecoder:
                 cmatch = torch.where(cmatch < 0, li, cmatch)
                 if cp.has_order:
                     hit_e = torch.minimum(hit_e, ph_hit)
-            if lt["ph_neg"]:
+            if cp.ph_has_neg:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
-            if lt["ph_grp"]:
+            if cp.ph_has_grp:
                 gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
             ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
         else:
@@ -335,11 +335,11 @@ class NeuroLogicDecoder:
             if cp.Lph:
                 _, tcomp = self._phrase_step(cp, lt, prog, w_end)
                 tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
-                if lt["ph_pos"]:
+                if cp.has_pos_phrase:
                     tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
-                if lt["ph_neg"]:
+                if cp.ph_has_neg:
                     tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
-                if lt["ph_grp"]:
+                if cp.ph_has_grp:
                     tg = tg + torch.bmm(tcomp.float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
             t_hit = tpos > 0
             t_new = t_hit & (crank == 0) & valid_cl
@@ -367,7 +367,7 @@ class NeuroLogicDecoder:
         unsat_cl = ~sat & lt["cl_has_pos"]
         single = _take(cp.node_prog.reshape(-1, cp.Cl), st.node + lt["nodeoff"])  # [N, C, Cl]
         best = torch.where(unsat_cl, single, torch.zeros_like(single)).max(-1).values
-        if cp.Lph and lt["has_pos_phrase"]:
+        if cp.Lph and cp.has_pos_phrase:
             Lp = cp.Lp
             ph = lt["pos_ph"]  # [N,1,Lp]
             prog = torch.where(ph >= 0, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp)), torch.zeros_like(ph))
@@ -500,12 +500,9 @@ class NeuroLogicDecoder:
             "pos_charlen": cp.pos_charlen[rep][:, None],
             "dyn_topk": cp.dyn_topk[rep],
             "dyn_mine": cp.pos_dyn[rep][:, None, :] == torch.arange(cp.D, device=d)[None, :, None],
-            "has_pos_phrase": cp.has_pos_phrase,
-            # which kinds of literal the batch's phrases are (their tables are all zero otherwise)
-            "ph_pos": cp.ph_kinds[0], "ph_neg": cp.ph_kinds[1], "ph_grp": cp.ph_kinds[2],
         }
         lt["single_words"] = None
-        if not lt["has_pos_phrase"]:  # every positive literal is a single word (Pp = 1): its lookahead tables are fixed
+        if not cp.has_pos_phrase:  # every positive literal is a single word (Pp = 1): its lookahead tables are fixed
             raw = lt["pos_words2"]
             words = raw.clamp(min=0)
             resume = _take(cp.path_resume, words)
