@@ -301,7 +301,8 @@ def test_probe_critic_trains_scores_and_ignores_leading_adverbs(tmp_path):
     assert res["n_unfinished_left_out"] > 0 and res["n_train"] + res["n_dev"] + res["n_test"] < 400
     a, b = score_texts(model_dir, ["Generally, birds can fly.", "Birds can fly."], progress=False)
     assert a == b  # canonicalised: the adverb is not seen
-    assert res["probe_shift_by_rewrite"]["generally"] == 0.0
+    # same canonical text, scored in batches of different padding: equal up to float noise
+    assert res["probe_shift_by_rewrite"]["generally"] < 1e-6
     test = read_jsonl(tmp_path / "critic" / "test_scores.jsonl")
     again = score_texts(model_dir, [r["statement"] for r in test], progress=False)
     np.testing.assert_allclose(again, [r["critic_score"] for r in test], atol=1e-5)
