@@ -443,6 +443,32 @@ def test_compiled_tables_per_literal(tiny_gpt2):
     assert phrase_words("Used for") == ("used", "for") and cp.pos_dyn[1, :2].tolist() == [0, 0]
 
 
+
+def test_compile_with_a_warm_word_cache_equals_a_cold_compile(tiny_gpt2):
+    """Per-word tables are kept across batches (the decoder's cache); a batch compiled after others that share
+    some of its words gets exactly the tables of a compile from nothing: same node ids, paths and progress."""
+    from i2d2.decoding.compile import compile_batch
+
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, DecodingConfig())
+    first = [ConstraintSet(clauses=[Clause([Literal("bigger dogs"), Literal("the")])],
+                           dynamic=[DynamicClause(["faster", "Bigger", "café"], top_k=2)])]
+    rows = [ConstraintSet(clauses=[Clause([Literal("dogs")], positions=[1]), Clause([Literal("used for", False)])],
+                          counts=[CountConstraint(["cats", "the", "so so"], 1)],
+                          dynamic=[DynamicClause(["bigger", "faster", "more expensive", "café"], top_k=2)]),
+            ConstraintSet(clauses=[Clause([Literal("A cat")])])]
+    warm = {}
+    compile_batch(first, dec.tables, tok, "cpu", warm)
+    a, b = compile_batch(rows, dec.tables, tok, "cpu", warm), compile_batch(rows, dec.tables, tok, "cpu", {})
+    for k, v in vars(b).items():
+        w = getattr(a, k)
+        if isinstance(v, torch.Tensor):
+            assert v.dtype == w.dtype and torch.equal(v, w), k
+        elif k != "lits":
+            assert v == w, k
+    assert [[vars(li) for li in r] for r in a.lits] == [[vars(li) for li in r] for r in b.lits]
+    assert a.node_cont_tok.shape[1] >= 1 and (a.path_tok[:, :, 0] >= 0).all()
+
 def _trie_nodes(cp):
     """(prefix, node id) of every trie node, read back from the prefix table."""
     out = {}

@@ -166,8 +166,74 @@ def _phrase_dfa(words: list, n_words: int) -> np.ndarray:
     return dfa
 
 
+@dataclass
+class _WordRecord:
+    """Everything about one literal word that does not depend on the batch, kept in the decoder's cache.  Indices
+    into ``prefixes`` ("pi") are local to the word: the batch maps them to trie nodes with one gather."""
+
+    surface: list  # text of each case variant
+    variants: list  # automaton spelling (byte_letters) of each variant
+    prefixes: list  # v[:j], j = 0..len(v), of every variant, concatenated
+    ends: np.ndarray  # pi of each variant's full spelling
+    frags: np.ndarray  # [n, 3] fragment transitions (pi from, pi to, fragment id)
+    path: np.ndarray  # [n, 4] lookahead path tokens: (slot, step, token, pi of the word prefix it completes or -1)
+    resume: np.ndarray  # [2] second path token after a lone-space first token, else -1
+    conts: np.ndarray  # [n, 2] (pi inside the word, next path token): continuations of the word's path
+    prog: np.ndarray  # [n, 2] (pi, matched fraction) of every non-empty prefix
+    slot_pref: np.ndarray  # [n, 3] (slot, d, pi of the slot's variant prefix of length d), d >= 1
+
+
+def _word_record(w: str, tables: TokenTables, tok) -> _WordRecord:
+    frag, strings = tables.frag_ids, tables.strings
+    surface = word_variants(w)
+    variants = [byte_letters(v) for v in surface]
+    prefixes, first, frags, prog = [], [], [], []
+    for v in variants:
+        o = len(prefixes)
+        first.append(o)
+        prefixes += [v[:j] for j in range(len(v) + 1)]
+        frags += [(o + i, o + j, frag[v[i:j]]) for i in range(len(v)) for j in range(i + 1, len(v) + 1) if v[i:j] in frag]
+        prog += [(o + d, d / len(v)) for d in range(1, len(v) + 1)]
+    ends = np.asarray([o + len(v) for o, v in zip(first, variants)], dtype=np.int64)
+    # the lookahead path of a slot is the canonical tokenization of ' ' + variant (one variant: both slots alike)
+    path, conts, resume = [], [], np.full(2, -1, dtype=np.int64)
+    slots = (list(zip(variants, surface, first)) * 2)[:2]
+    slot_pref = []
+    for slot, (v, sv, o) in enumerate(slots):
+        ids = None
+        for text in (" " + sv, sv):
+            enc = tok.encode(text, add_special_tokens=False)
+            if enc and byte_letters("".join(strings[i] for i in enc if i < len(strings))) in (v, " " + v):
+                ids = enc
+                break
+        if ids is None:
+            ids = tok.encode(" " + sv, add_special_tokens=False)[:1]  # at least propose how the word starts
+        cov, pis = "", []
+        alnum = v[:1].isalnum()
+        for t in ids:
+            cov += byte_letters(strings[t]) if t < len(strings) else ""
+            pend = cov[1:] if cov.startswith(" ") else cov
+            pis.append(o + len(pend) if alnum and v.startswith(pend) else -1)
+        path += [(slot, j, t, pi) for j, (t, pi) in enumerate(zip(ids, pis))]
+        if len(ids) > 1 and pis[0] == o:  # the first token spells no letter: the trie is back at its root
+            resume[slot] = ids[1]
+        conts += [(pis[j], ids[j + 1]) for j in range(len(ids) - 1) if pis[j] > o]
+        slot_pref += [(slot, d, o + d) for d in range(1, len(v) + 1)]
+    arr = lambda x, k: np.asarray(x, dtype=np.int64).reshape(-1, k)  # noqa: E731
+    return _WordRecord(surface, variants, prefixes, ends, arr(frags, 3), arr(path, 4), resume, arr(conts, 2),
+                       np.asarray(prog, dtype=np.float64).reshape(-1, 2), arr(slot_pref, 3))
+
+
+def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenated ``arange(s, s + c)`` for every (start, count) pair."""
+    total = int(counts.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+
+
 def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, cache: dict | None = None) -> Compiled:
-    """``cache``: a dict kept by the caller across batches (per-word tokenizations and fragment splits)."""
+    """``cache``: a dict kept by the caller across batches (per-word tables, see ``_WordRecord``)."""
     cache = {} if cache is None else cache
     B = len(css)
     rows = [_row_literals(cs) for cs in css]
@@ -178,106 +244,77 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
             for w in li.words:
                 words.setdefault(w, len(words))
     wlist = list(words)
-    node_of = {"": ROOT}
-    node_word = [NO_EVENT, OTHER]
-    node_depth = [0, 0]
-    frag = tables.frag_ids
     F = tables.num_frags
-
-    def node(s):
-        n = node_of.get(s)
-        if n is None:
-            n = node_of[s] = len(node_word)
-            node_word.append(OTHER)
-            node_depth.append(len(s))
-        return n
-
-    variants, surface = [], []  # automaton spelling (byte_letters) / text of each variant
-    prefixes = []  # per word, per variant: trie node of each prefix v[:d], d = 0..len(v)
-    tkeys, tvals = [], []  # fragment transitions node(v[:i]) * F + frag(v[i:j]) -> node(v[:j])
+    recs = []
     for w in wlist:
         rec = cache.get(("word", w))
-        if rec is None:  # per word, kept across batches: its variants and every fragment split of them
-            sv = word_variants(w)
-            vs = [byte_letters(v) for v in sv]
-            spl = [np.array([(i, j, frag[v[i:j]]) for i in range(len(v)) for j in range(i + 1, len(v) + 1)
-                             if v[i:j] in frag] or np.zeros((0, 3)), dtype=np.int64).reshape(-1, 3) for v in vs]
-            rec = cache[("word", w)] = (sv, vs, spl)
-        sv, vs, spl = rec
-        surface.append(sv)
-        variants.append(vs)
-        per = []
-        for v, sp in zip(vs, spl):
-            pn = np.fromiter((node(v[:j]) for j in range(len(v) + 1)), dtype=np.int64, count=len(v) + 1)
-            node_word[pn[-1]] = words[w]
-            per.append(pn)
-            tkeys.append(pn[sp[:, 0]] * F + sp[:, 2])
-            tvals.append(pn[sp[:, 1]])
-        prefixes.append(per)
+        if rec is None:
+            rec = cache[("word", w)] = _word_record(w, tables, tok)
+        recs.append(rec)
+    # trie nodes: one per distinct prefix of any variant (ROOT = the empty prefix; DEAD = 1 has no prefix); a
+    # word's local prefix index pi is node ``pn[woff[word] + pi]``
+    node_of = {"": ROOT}
+    pn = np.fromiter((node_of.setdefault(x, len(node_of) + 1) for rec in recs for x in rec.prefixes), dtype=np.int64)
+    npre = np.asarray([len(rec.prefixes) for rec in recs], dtype=np.int64)
+    woff = np.cumsum(npre) - npre
+    Nn = len(node_of) + 1
+    node_depth = np.zeros(Nn, dtype=np.int64)
+    node_depth[2:] = np.fromiter((len(x) for x in node_of), dtype=np.int64, count=Nn - 1)[1:]
+    node_word = np.full(Nn, OTHER, dtype=np.int64)
+    node_word[ROOT] = NO_EVENT
+    ecnt = np.asarray([len(rec.ends) for rec in recs], dtype=np.int64)
+    if recs:
+        node_word[pn[np.concatenate([rec.ends for rec in recs]) + np.repeat(woff, ecnt)]] = np.repeat(
+            np.arange(len(recs)), ecnt)
+
+    def stacked(field, k):  # a per-word array field of every word, its pi columns made global, and its word index
+        parts = [getattr(rec, field) for rec in recs]
+        cnt = np.asarray([len(x) for x in parts], dtype=np.int64)
+        if not cnt.sum():
+            return np.zeros((0, k)), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(parts), np.repeat(woff, cnt), np.repeat(np.arange(len(recs)), cnt)
+
+    fr, off, _ = stacked("frags", 3)
     # a key names a prefix and a fragment, so every write of a key carries the same node
-    keys_np, first = np.unique(np.concatenate(tkeys or [np.zeros(0, np.int64)]), return_index=True)
-    vals_np = np.concatenate(tvals or [np.zeros(0, np.int64)])[first]
+    keys_np, first = np.unique(pn[fr[:, 0] + off] * F + fr[:, 2], return_index=True) if len(fr) else ((), ())
+    vals_np = pn[fr[:, 1] + off][first] if len(fr) else ()
     keys = torch.from_numpy(keys_np) if len(keys_np) else torch.tensor([-1], dtype=torch.long)
     vals = torch.from_numpy(vals_np) if len(vals_np) else torch.tensor([DEAD], dtype=torch.long)
 
     # ---- lookahead paths: the canonical tokenization of ' ' + variant
-    strings = tables.strings
-    paths = []
-    for wi, w in enumerate(wlist):
-        per = []
-        pairs = list(zip(variants[wi], surface[wi]))
-        for v, sv in (pairs + pairs)[:2]:
-            ids = cache.get(("path", sv))
-            for text in (" " + sv, sv) if ids is None else ():
-                enc = tok.encode(text, add_special_tokens=False)
-                if enc and byte_letters("".join(strings[i] for i in enc if i < len(strings))) in (v, " " + v):
-                    ids = enc
-                    break
-            if ids is None:
-                enc = tok.encode(" " + sv, add_special_tokens=False)
-                ids = enc[:1]  # at least propose how the word starts
-            cache[("path", sv)] = ids
-            toks, nodes = [], []
-            cov = ""
-            alnum = v[:1].isalnum()
-            for t in ids:
-                cov += byte_letters(strings[t]) if t < len(strings) else ""
-                toks.append(t)
-                pend = cov[1:] if cov.startswith(" ") else cov
-                nodes.append(node_of.get(pend, -5) if alnum and v.startswith(pend) else -5)
-            per.append((toks, nodes))
-        paths.append(per)
-    Tm = max([len(p[0]) for per in paths for p in per] or [1])
     Wc = max(len(wlist), 1)
+    pa, off, wi = stacked("path", 4)
+    Tm = int(pa[:, 1].max()) + 1 if len(pa) else 1
     path_tok = np.full((Wc, 2, Tm), -1, dtype=np.int64)
     path_node = np.full((Wc, 2, Tm), -5, dtype=np.int64)
-    Dmax = max([len(v) for vs in variants for v in vs] or [1])
+    if len(pa):
+        path_tok[wi, pa[:, 0], pa[:, 1]] = pa[:, 2]
+        path_node[wi, pa[:, 0], pa[:, 1]] = np.where(pa[:, 3] >= 0, pn[pa[:, 3] + off], -5)
+    sp, off, wi = stacked("slot_pref", 3)
+    Dmax = max(int(sp[:, 1].max()) if len(sp) else 1, 1)
     prefix_node = np.full((Wc, 2, Dmax + 1), -5, dtype=np.int64)
-    for wi, per in enumerate(paths):
-        for vi, (toks, nodes) in enumerate(per):
-            path_tok[wi, vi, : len(toks)] = np.asarray(toks)
-            path_node[wi, vi, : len(nodes)] = np.asarray(nodes)
-            pref = (prefixes[wi] + prefixes[wi])[vi]
-            prefix_node[wi, vi, 1: len(pref)] = pref[1:]
+    if len(sp):
+        prefix_node[wi, sp[:, 0], sp[:, 1]] = pn[sp[:, 2] + off]
+    path_resume = np.stack([rec.resume for rec in recs]) if recs else np.full((Wc, 2), -1, dtype=np.int64)
     # node -> {(word, next token)}. Not the root: every separator leads back there, so a root entry (the second
     # token of a path that opens with a lone space) would be proposed after any "," or " " and, forced as a
     # started literal, would skip the threshold and a dynamic clause's top-k; it also made J the number of such
     # words (414 instead of 35 for the NeuroComparatives lists). path_resume proposes it after its own first token.
-    conts: dict = {}
-    path_resume = np.full((Wc, 2), -1, dtype=np.int64)
-    for wi, per in enumerate(paths):
-        for vi, (toks, nodes) in enumerate(per):
-            if len(toks) > 1 and nodes[0] == ROOT:
-                path_resume[wi, vi] = toks[1]
-            for j in range(len(toks) - 1):
-                if nodes[j] > ROOT:
-                    conts.setdefault(nodes[j], set()).add((wi, toks[j + 1]))
-    J = max([len(c) for c in conts.values()] + [1])
-    node_cont_tok = np.full((len(node_word), J), -1, dtype=np.int64)
-    node_cont_word = np.full((len(node_word), J), PAD_WORD, dtype=np.int64)
-    for n, c in conts.items():
-        for j, (wi, t) in enumerate(sorted(c)):
-            node_cont_word[n, j], node_cont_tok[n, j] = wi, t
+    co, off, wi = stacked("conts", 2)
+    V1 = max(int(co[:, 1].max()) + 1 if len(co) else 1, 1)
+    ckey = np.unique((pn[co[:, 0] + off] * Wc + wi) * V1 + co[:, 1]) if len(co) else np.zeros(0, dtype=np.int64)
+    cnode, cword, ctok = ckey // (Wc * V1), (ckey // V1) % Wc, ckey % V1
+    cj = np.arange(len(ckey)) - np.searchsorted(cnode, cnode)  # rank of the entry among its node's (sorted)
+    J = int(cj.max()) + 1 if len(ckey) else 1
+    node_cont_tok = np.full((Nn, J), -1, dtype=np.int64)
+    node_cont_word = np.full((Nn, J), PAD_WORD, dtype=np.int64)
+    node_cont_tok[cnode, cj], node_cont_word[cnode, cj] = ctok, cword
+    # progress of a single word per trie node: matched prefix / word length (max over variants: maximum.at below)
+    pr, off, _ = stacked("prog", 2)
+    prog_node_all = pn[pr[:, 0].astype(np.int64) + off] if len(pr) else np.zeros(0, dtype=np.int64)
+    prog_frac_all = pr[:, 1].astype(np.float32) if len(pr) else np.zeros(0, dtype=np.float32)
+    pcnt = np.asarray([len(rec.prog) for rec in recs], dtype=np.int64)
+    poff = np.cumsum(pcnt) - pcnt
 
     # ---- literal / clause / count tables
     # Single-word literals are aggregated through per-word increment tables (wtab); phrases and the negative
@@ -378,18 +415,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     pos_clause = np.zeros((B, Lp), dtype=np.int64)
     pos_dyn = np.full((B, Lp), -1, dtype=np.int64)
     pos_charlen = np.zeros((B, Lp, Pp + 1), dtype=np.float32)
-    Nn = len(node_word)
     node_prog = np.zeros((B, Nn, Cl), dtype=np.float32)
-    # progress of a single word = matched prefix / word length, per trie node on the word's variants (max over them)
-    word_prog = {}
-    for wi, w in enumerate(wlist):
-        best = {}
-        for pref in prefixes[wi]:
-            L = len(pref) - 1
-            for dd in range(1, L + 1):
-                n = int(pref[dd])
-                best[n] = max(best.get(n, 0.0), dd / L)
-        word_prog[w] = (list(best), list(best.values()))
     # one table write per row and field (a NeuroComparatives row has ~300 positive literals)
     for b, (cs, r, ps, phr) in enumerate(zip(css, rows, pos_rows, phr_rows)):
         if not ps:
@@ -398,7 +424,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         phpos = {li_idx: k for k, li_idx in enumerate(phr)}
         lis = [r[li_idx] for li_idx in ps]
         n = len(lis)
-        wk, wj, wv, charlen, prog_node, prog_cl, prog_frac = [], [], [], [], [], [], []
+        wk, wj, wv, charlen, prog_w, prog_cl = [], [], [], [], [], []
         for k, li in enumerate(lis):
             cum = _charlen(li.words)
             charlen.append(cum + (cum[-1],) * (Pp - len(li.words)))
@@ -407,10 +433,8 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
                 wj.append(j)
                 wv.append(words[w])
             if len(li.words) == 1:
-                nodes, fracs = word_prog[li.words[0]]
-                prog_node += nodes
-                prog_cl += [li.clause] * len(nodes)
-                prog_frac += fracs
+                prog_w.append(words[li.words[0]])
+                prog_cl.append(li.clause)
         pos_words[b, wk, wj] = wv
         pos_len[b, :n] = [len(li.words) for li in lis]
         pos_ph[b, :n] = [phpos.get(li_idx, -1) for li_idx in ps]
@@ -418,9 +442,11 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         pos_clause[b, :n] = [li.clause for li in lis]
         pos_dyn[b, :n] = [li.clause - nc if li.dynamic else -1 for li in lis]
         pos_charlen[b, :n] = charlen
-        if prog_node:
-            np.maximum.at(node_prog[b], (np.asarray(prog_node), np.asarray(prog_cl)),
-                          np.asarray(prog_frac, dtype=np.float32))
+        if prog_w:
+            pw = np.asarray(prog_w, dtype=np.int64)
+            idx = _ragged(poff[pw], pcnt[pw])
+            np.maximum.at(node_prog[b], (prog_node_all[idx], np.repeat(np.asarray(prog_cl, dtype=np.int64), pcnt[pw])),
+                          prog_frac_all[idx])
     gen = torch.Generator().manual_seed(1234)
     cl_weight = torch.randint(1, 1 << 58, (Cl,), generator=gen, dtype=torch.long)
     if Cl <= 58:
@@ -428,7 +454,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     dv = lambda t: torch.as_tensor(t).to(device)  # noqa: E731
     return Compiled(
         B=B, P=P, Cl=Cl, G=G, lits=rows, n_clauses=ncl, keys=dv(keys), vals=dv(vals), F=F,
-        node_word=dv(torch.tensor(node_word)), node_depth=dv(torch.tensor(node_depth)),
+        node_word=dv(node_word), node_depth=dv(node_depth),
         Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_words=dv(ph_words), ph_dfa=dv(ph_dfa.reshape(-1)),
         ph_len=dv(ph_len),
         ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),

@@ -147,7 +147,7 @@ def validate(cs: ConstraintSet, encode=None, where: str = "") -> None:
     def check_text(text, label, kind="literal"):
         if not isinstance(text, str) or not text.strip():
             raise ConstraintError(f"{pre}{label}: empty {kind} {text!r}")
-        if not split_words(text):
+        if not phrase_words(text):  # cached: a NeuroComparatives batch re-checks its ~300 dynamic words
             raise ConstraintError(f"{pre}{label}: {kind} {text!r} has no words")
         if encode is not None and len(encode(" " + text.strip())) == 0:
             raise ConstraintError(f"{pre}{label}: {kind} {text!r} tokenizes to nothing")
