@@ -469,6 +469,22 @@ def test_compile_with_a_warm_word_cache_equals_a_cold_compile(tiny_gpt2):
     assert [[vars(li) for li in r] for r in a.lits] == [[vars(li) for li in r] for r in b.lits]
     assert a.node_cont_tok.shape[1] >= 1 and (a.path_tok[:, :, 0] >= 0).all()
 
+
+def test_word_cache_is_bounded_and_emptying_it_changes_nothing(tiny_gpt2, monkeypatch):
+    import i2d2.decoding.neurologic as nl
+
+    model, tok = tiny_gpt2
+    sets = [ConstraintSet(clauses=[Clause([Literal(w)])], counts=[CountConstraint(["the", "a"], 1)])
+            for w in ("dog", "bicycles", "water", "birds")]
+    want = NeuroLogicDecoder(model, tok, cfg(batch_size=1)).decode(PROMPTS, sets)
+    monkeypatch.setattr(nl, "CACHE_MAX", 3)
+    dec = NeuroLogicDecoder(model, tok, cfg(batch_size=1))
+    got = dec.decode(PROMPTS, sets)
+    assert [[(g.text, g.score) for g in gs] for gs in got] == [[(g.text, g.score) for g in gs] for gs in want]
+    # emptied whenever it held more than 3 entries before a batch: the first prompts' words are gone
+    kept = {k[1] for k in dec._cache if k[0] == "word"}
+    assert kept == {"water", "birds", "the", "a"} and len(dec._cache) <= 3 + 3
+
 def _trie_nodes(cp):
     """(prefix, node id) of every trie node, read back from the prefix table."""
     out = {}

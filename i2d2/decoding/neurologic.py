@@ -41,6 +41,7 @@ from .vocab import token_tables
 NEG = float("-inf")
 _KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tokens first among lookahead tokens
 STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done (the only sync in the loop)
+CACHE_MAX = 50_000  # per-word tables and tokenizations kept across batches (a few KB each); emptied past this
 
 
 def _take(table, idx):
@@ -117,7 +118,7 @@ class NeuroLogicDecoder:
         self.end_block = torch.where(self.is_end_v, NEG, 0.0)  # added to log-probs before min_new_tokens
         fwd = inspect.signature(model.forward).parameters
         self._pos_ids = "position_ids" in fwd and not self.is_s2s
-        self._cache = {}  # per-word tokenizations / fragment splits, reused across batches
+        self._cache = {}  # per-word tables (compile._WordRecord) and tokenizations, reused across batches
 
     # ------------------------------------------------------------------ public
     def decode(self, prompts: list[str], constraints: list[ConstraintSet | dict | None],
@@ -143,6 +144,8 @@ class NeuroLogicDecoder:
             chunks = tqdm(chunks, desc="neurologic", unit="batch")
         out = []
         for s in chunks:
+            if len(self._cache) > CACHE_MAX:  # a long run over ever new concepts must not grow without bound
+                self._cache.clear()
             out.extend(self._decode_batch(list(prompts[s: s + bs]), css[s: s + bs]))
         return out
 
