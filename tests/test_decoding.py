@@ -315,7 +315,6 @@ def test_any_tokenization_counts():
         h.remove()
 
 
-
 def test_pending_literal_word_joins_its_satisfied_group():
     """Regression (NeuroComparatives 'are typically'): a hypothesis whose last token spells the second literal
     ('dog water', 'water' still pending until the next separator) must rank in the group of both clauses, not
@@ -442,7 +441,6 @@ def test_compiled_tables_per_literal(tiny_gpt2):
     assert phrase_words("Used for") == ("used", "for") and cp.pos_dyn[1, :2].tolist() == [0, 0]
 
 
-
 def test_compile_with_a_warm_word_cache_equals_a_cold_compile(tiny_gpt2):
     """Per-word tables are kept across batches (the decoder's cache); a batch compiled after others that share
     some of its words gets exactly the tables of a compile from nothing: same node ids, paths and progress."""
@@ -480,9 +478,9 @@ def test_word_cache_is_bounded_and_emptying_it_changes_nothing(tiny_gpt2, monkey
     dec = NeuroLogicDecoder(model, tok, cfg(batch_size=1))
     got = dec.decode(PROMPTS, sets)
     assert [[(g.text, g.score) for g in gs] for gs in got] == [[(g.text, g.score) for g in gs] for gs in want]
-    # emptied whenever it held more than 3 entries before a batch: the first prompts' words are gone
-    kept = {k[1] for k in dec._cache if k[0] == "word"}
-    assert kept == {"water", "birds", "the", "a"} and len(dec._cache) <= 3 + 3
+    # emptied whenever it held more than 3 words before a batch: the first prompts' words are gone
+    assert {k[1] for k in dec._words} == {"water", "birds", "the", "a"}
+
 
 def _trie_nodes(cp):
     """(prefix, node id) of every trie node, read back from the prefix table."""

@@ -176,10 +176,13 @@ class _WordRecord:
     prefixes: list  # v[:j], j = 0..len(v), of every variant, concatenated
     ends: np.ndarray  # pi of each variant's full spelling
     frags: np.ndarray  # [n, 3] fragment transitions (pi from, pi to, fragment id)
-    path: np.ndarray  # [n, 4] lookahead path tokens: (slot, step, token, pi of the word prefix it completes or -1)
+    # [n, 4] lookahead path tokens: (slot, step, token, pi): pi is the word prefix the path has spelled after the
+    # token (a leading space left out), -1 where that is not a prefix of the variant or the word opens with no letter
+    path: np.ndarray
     resume: np.ndarray  # [2] second path token after a lone-space first token, else -1
     conts: np.ndarray  # [n, 2] (pi inside the word, next path token): continuations of the word's path
-    prog: np.ndarray  # [n, 2] (pi, matched fraction) of every non-empty prefix
+    prog: np.ndarray  # [n] pi of every non-empty prefix
+    prog_frac: np.ndarray  # [n] its matched fraction of the variant (prefix length / variant length)
     slot_pref: np.ndarray  # [n, 3] (slot, d, pi of the slot's variant prefix of length d), d >= 1
 
 
@@ -187,15 +190,18 @@ def _word_record(w: str, tables: TokenTables, tok) -> _WordRecord:
     frag, strings = tables.frag_ids, tables.strings
     surface = word_variants(w)
     variants = [byte_letters(v) for v in surface]
-    prefixes, first, frags, prog = [], [], [], []
+    prefixes, first, frags, prog, prog_frac = [], [], [], [], []
     for v in variants:
         o = len(prefixes)
         first.append(o)
         prefixes += [v[:j] for j in range(len(v) + 1)]
-        frags += [(o + i, o + j, frag[v[i:j]]) for i in range(len(v)) for j in range(i + 1, len(v) + 1) if v[i:j] in frag]
-        prog += [(o + d, d / len(v)) for d in range(1, len(v) + 1)]
+        frags += [(o + i, o + j, frag[v[i:j]])
+                  for i in range(len(v)) for j in range(i + 1, len(v) + 1) if v[i:j] in frag]
+        prog += [o + d for d in range(1, len(v) + 1)]
+        prog_frac += [d / len(v) for d in range(1, len(v) + 1)]
     ends = np.asarray([o + len(v) for o, v in zip(first, variants)], dtype=np.int64)
-    # the lookahead path of a slot is the canonical tokenization of ' ' + variant (one variant: both slots alike)
+    # the lookahead path of a slot: the tokenization of ' ' + variant, else of the bare variant, whichever spells
+    # the variant; else the first token of ' ' + variant (one variant: both slots alike)
     path, conts, resume = [], [], np.full(2, -1, dtype=np.int64)
     slots = (list(zip(variants, surface, first)) * 2)[:2]
     slot_pref = []
@@ -221,7 +227,7 @@ def _word_record(w: str, tables: TokenTables, tok) -> _WordRecord:
         slot_pref += [(slot, d, o + d) for d in range(1, len(v) + 1)]
     arr = lambda x, k: np.asarray(x, dtype=np.int64).reshape(-1, k)  # noqa: E731
     return _WordRecord(surface, variants, prefixes, ends, arr(frags, 3), arr(path, 4), resume, arr(conts, 2),
-                       np.asarray(prog, dtype=np.float64).reshape(-1, 2), arr(slot_pref, 3))
+                       np.asarray(prog, dtype=np.int64), np.asarray(prog_frac, dtype=np.float64), arr(slot_pref, 3))
 
 
 def _ragged(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -262,57 +268,60 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     node_depth[2:] = np.fromiter((len(x) for x in node_of), dtype=np.int64, count=Nn - 1)[1:]
     node_word = np.full(Nn, OTHER, dtype=np.int64)
     node_word[ROOT] = NO_EVENT
-    ecnt = np.asarray([len(rec.ends) for rec in recs], dtype=np.int64)
-    if recs:
-        node_word[pn[np.concatenate([rec.ends for rec in recs]) + np.repeat(woff, ecnt)]] = np.repeat(
-            np.arange(len(recs)), ecnt)
 
-    def stacked(field, k):  # a per-word array field of every word, its pi columns made global, and its word index
+    def stacked(field, width=None):
+        """The per-word array ``field`` (rows of ``width`` columns, or scalars) of every word, concatenated; with
+        each row's offset into ``pn`` (a local prefix index plus it is the row's global one) and word index."""
         parts = [getattr(rec, field) for rec in recs]
         cnt = np.asarray([len(x) for x in parts], dtype=np.int64)
-        if not cnt.sum():
-            return np.zeros((0, k)), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        return np.concatenate(parts), np.repeat(woff, cnt), np.repeat(np.arange(len(recs)), cnt)
+        cat = np.concatenate(parts) if parts else np.zeros((0,) if width is None else (0, width), dtype=np.int64)
+        return cat, np.repeat(woff, cnt), np.repeat(np.arange(len(recs)), cnt)
 
-    fr, off, _ = stacked("frags", 3)
+    # a variant's full spelling is its word's node; where two words spell a variant alike ("ßx" capitalised is
+    # "SSx") the later word keeps it, as writing word by word did
+    ends, e_off, e_word = stacked("ends")
+    end_node = pn[ends + e_off]
+    last = len(end_node) - 1 - np.unique(end_node[::-1], return_index=True)[1]
+    node_word[end_node[last]] = e_word[last]
+
+    fr, fr_off, _ = stacked("frags", 3)
     # a key names a prefix and a fragment, so every write of a key carries the same node
-    keys_np, first = np.unique(pn[fr[:, 0] + off] * F + fr[:, 2], return_index=True) if len(fr) else ((), ())
-    vals_np = pn[fr[:, 1] + off][first] if len(fr) else ()
+    keys_np, first = np.unique(pn[fr[:, 0] + fr_off] * F + fr[:, 2], return_index=True)
+    vals_np = pn[fr[:, 1] + fr_off][first]
     keys = torch.from_numpy(keys_np) if len(keys_np) else torch.tensor([-1], dtype=torch.long)
     vals = torch.from_numpy(vals_np) if len(vals_np) else torch.tensor([DEAD], dtype=torch.long)
 
-    # ---- lookahead paths: the canonical tokenization of ' ' + variant
+    # ---- lookahead paths (see _word_record)
     Wc = max(len(wlist), 1)
-    pa, off, wi = stacked("path", 4)
+    pa, pa_off, pa_word = stacked("path", 4)
     Tm = int(pa[:, 1].max()) + 1 if len(pa) else 1
     path_tok = np.full((Wc, 2, Tm), -1, dtype=np.int64)
     path_node = np.full((Wc, 2, Tm), -5, dtype=np.int64)
-    if len(pa):
-        path_tok[wi, pa[:, 0], pa[:, 1]] = pa[:, 2]
-        path_node[wi, pa[:, 0], pa[:, 1]] = np.where(pa[:, 3] >= 0, pn[pa[:, 3] + off], -5)
-    sp, off, wi = stacked("slot_pref", 3)
-    Dmax = max(int(sp[:, 1].max()) if len(sp) else 1, 1)
+    path_tok[pa_word, pa[:, 0], pa[:, 1]] = pa[:, 2]
+    on = pa[:, 3] >= 0
+    path_node[pa_word[on], pa[on, 0], pa[on, 1]] = pn[pa[on, 3] + pa_off[on]]
+    sp, sp_off, sp_word = stacked("slot_pref", 3)
+    Dmax = int(sp[:, 1].max()) if len(sp) else 1
     prefix_node = np.full((Wc, 2, Dmax + 1), -5, dtype=np.int64)
-    if len(sp):
-        prefix_node[wi, sp[:, 0], sp[:, 1]] = pn[sp[:, 2] + off]
+    prefix_node[sp_word, sp[:, 0], sp[:, 1]] = pn[sp[:, 2] + sp_off]
     path_resume = np.stack([rec.resume for rec in recs]) if recs else np.full((Wc, 2), -1, dtype=np.int64)
     # node -> {(word, next token)}. Not the root: every separator leads back there, so a root entry (the second
     # token of a path that opens with a lone space) would be proposed after any "," or " " and, forced as a
     # started literal, would skip the threshold and a dynamic clause's top-k; it also made J the number of such
     # words (414 instead of 35 for the NeuroComparatives lists). path_resume proposes it after its own first token.
-    co, off, wi = stacked("conts", 2)
-    V1 = max(int(co[:, 1].max()) + 1 if len(co) else 1, 1)
-    ckey = np.unique((pn[co[:, 0] + off] * Wc + wi) * V1 + co[:, 1]) if len(co) else np.zeros(0, dtype=np.int64)
+    co, co_off, co_word = stacked("conts", 2)
+    V1 = int(co[:, 1].max()) + 1 if len(co) else 1
+    ckey = np.unique((pn[co[:, 0] + co_off] * Wc + co_word) * V1 + co[:, 1])  # sorted: node, then (word, token)
     cnode, cword, ctok = ckey // (Wc * V1), (ckey // V1) % Wc, ckey % V1
-    cj = np.arange(len(ckey)) - np.searchsorted(cnode, cnode)  # rank of the entry among its node's (sorted)
+    cj = np.arange(len(ckey)) - np.searchsorted(cnode, cnode)  # the entry's rank among its node's
     J = int(cj.max()) + 1 if len(ckey) else 1
     node_cont_tok = np.full((Nn, J), -1, dtype=np.int64)
     node_cont_word = np.full((Nn, J), PAD_WORD, dtype=np.int64)
     node_cont_tok[cnode, cj], node_cont_word[cnode, cj] = ctok, cword
     # progress of a single word per trie node: matched prefix / word length (max over variants: maximum.at below)
-    pr, off, _ = stacked("prog", 2)
-    prog_node_all = pn[pr[:, 0].astype(np.int64) + off] if len(pr) else np.zeros(0, dtype=np.int64)
-    prog_frac_all = pr[:, 1].astype(np.float32) if len(pr) else np.zeros(0, dtype=np.float32)
+    pr, pr_off, _ = stacked("prog")
+    prog_node_all = pn[pr + pr_off]
+    prog_frac_all = stacked("prog_frac")[0].astype(np.float32)
     pcnt = np.asarray([len(rec.prog) for rec in recs], dtype=np.int64)
     poff = np.cumsum(pcnt) - pcnt
 

@@ -41,7 +41,9 @@ from .vocab import token_tables
 NEG = float("-inf")
 _KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tokens first among lookahead tokens
 STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done (the only sync in the loop)
-CACHE_MAX = 50_000  # per-word tables and tokenizations kept across batches (a few KB each); emptied past this
+# per-word tables (about 5 KB a word on GPT-2's vocabulary) and validation tokenizations kept across batches: each
+# store is emptied before a batch once it holds more entries than this (at most ~100 MB of word tables)
+CACHE_MAX = 20_000
 
 
 def _take(table, idx):
@@ -118,7 +120,8 @@ class NeuroLogicDecoder:
         self.end_block = torch.where(self.is_end_v, NEG, 0.0)  # added to log-probs before min_new_tokens
         fwd = inspect.signature(model.forward).parameters
         self._pos_ids = "position_ids" in fwd and not self.is_s2s
-        self._cache = {}  # per-word tables (compile._WordRecord) and tokenizations, reused across batches
+        self._words = {}  # compile._WordRecord per literal word, reused across batches
+        self._enc = {}  # tokenization of each literal text validated
 
     # ------------------------------------------------------------------ public
     def decode(self, prompts: list[str], constraints: list[ConstraintSet | dict | None],
@@ -126,10 +129,13 @@ class NeuroLogicDecoder:
         if len(prompts) != len(constraints):
             raise ValueError(f"decode: {len(prompts)} prompts but {len(constraints)} constraint sets")
         css = []
+        if len(self._enc) > CACHE_MAX:  # a long run over ever new concepts must not grow without bound
+            self._enc.clear()
+
         def enc(text):
-            ids = self._cache.get(("enc", text))
+            ids = self._enc.get(text)
             if ids is None:
-                ids = self._cache[("enc", text)] = self.tok.encode(text, add_special_tokens=False)
+                ids = self._enc[text] = self.tok.encode(text, add_special_tokens=False)
             return ids
 
         for i, c in enumerate(constraints):
@@ -144,8 +150,8 @@ class NeuroLogicDecoder:
             chunks = tqdm(chunks, desc="neurologic", unit="batch")
         out = []
         for s in chunks:
-            if len(self._cache) > CACHE_MAX:  # a long run over ever new concepts must not grow without bound
-                self._cache.clear()
+            if len(self._words) > CACHE_MAX:
+                self._words.clear()
             out.extend(self._decode_batch(list(prompts[s: s + bs]), css[s: s + bs]))
         return out
 
@@ -469,7 +475,7 @@ class NeuroLogicDecoder:
         B = len(prompts)
         N = B * K
         T_max = cfg.max_new_tokens
-        cp = compile_batch(css, self.tables, self.tok, d, self._cache)
+        cp = compile_batch(css, self.tables, self.tok, d, self._words)
         Cl, Lph = cp.Cl, cp.Lph
         rep = torch.arange(B, device=d).repeat_interleave(K)
         lt = {  # per-hypothesis views of the per-prompt tables
