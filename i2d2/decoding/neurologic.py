@@ -209,8 +209,8 @@ class NeuroLogicDecoder:
         key = n * cp.F + f
         idx = torch.searchsorted(cp.keys, key).clamp(max=cp.keys.numel() - 1)
         found = _take(cp.keys, idx) == key
-        res = torch.where(found, _take(cp.vals, idx), torch.full_like(n, DEAD))
-        res = torch.where(n == DEAD, torch.full_like(n, DEAD), res)
+        res = torch.where(found, _take(cp.vals, idx), DEAD)
+        res = torch.where(n == DEAD, DEAD, res)
         return torch.where(f == 0, n, res)
 
     def _inner_events(self, cp: Compiled):
@@ -244,11 +244,11 @@ class NeuroLogicDecoder:
             node = root
         return torch.cat(events) if len(events) > 1 else events[0], node
 
-    def _phrase_step(self, cp: Compiled, lt, prog, ev):
-        """One KMP step of every phrase for word event ``ev`` [N, C]: (new progress, completed) [N, C, Lph]."""
-        u = ev[..., None]
-        code = _take(lt["ph_dfa"], (lt["ph_base"] + prog) * cp.Wc1 + torch.where(u >= 0, u, cp.Wc1 - 1))
-        has = u != NO_EVENT
+    def _phrase_step(self, cp: Compiled, lt, prog, col, has):
+        """One KMP step of every phrase for a word event [N, C], given as its DFA column ``col`` (the word id, or
+        Wc1 - 1 for an irrelevant word) and whether there is one (``has``): (new progress, completed) [N, C, Lph]."""
+        code = _take(lt["ph_dfa"], (lt["ph_base"] + prog) * cp.Wc1 + col[..., None])
+        has = has[..., None]
         return torch.where(has, code >> 1, prog), has & ((code & 1) == 1)
 
     def _advance(self, cp: Compiled, lt, st: _State, cand, step: int, final: bool):
@@ -259,7 +259,8 @@ class NeuroLogicDecoder:
         E = ev.shape[0]
         # single-word literals: per-word increment tables
         wl = cp.Wc1 - 1
-        uidx = torch.where(ev >= 0, ev, wl) + lt["rowoff"]  # [E, N, C]
+        col = torch.where(ev >= 0, ev, wl)  # [E, N, C]: the word's column in the per-word tables
+        uidx = col + lt["rowoff"]
         d = _take(lt["wtab"], uidx)  # [E, N, C, 2Cl+G]
         inc = d.sum(0)
         lits = _take(lt["wlit"], uidx)  # [E, N, C, Cl]: the first event naming a literal of the clause wins
@@ -282,9 +283,10 @@ class NeuroLogicDecoder:
             occ0 = st.ph_occ[:, None, :]
             occ = occ0
             ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
+            has_ev = ev != NO_EVENT
             for e in range(E):
-                prog, comp = self._phrase_step(cp, lt, prog, ev[e])
-                occ = occ + comp.long()
+                prog, comp = self._phrase_step(cp, lt, prog, col[e], has_ev[e])
+                occ = occ + comp  # bool adds as 0 / 1
                 if cp.has_order and cp.has_pos_phrase:
                     hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
@@ -308,7 +310,7 @@ class NeuroLogicDecoder:
             ph_prog = ph_occ = None
         # clause level
         pos_hit = cpos > 0
-        neg_absent = (lt["neg_total"] - cneg) > 0
+        neg_absent = cneg < lt["neg_total"]
         count_viol = (gcnt > lt["grp_max"]).any(-1)
         crank = st.crank[:, None, :]
         newly = pos_hit & (crank == 0) & lt["cl_valid"]
@@ -316,18 +318,18 @@ class NeuroLogicDecoder:
             key = hit_e * Cl + lt["cl_index"]
             rank = st.rctr[:, None, None] + (newly[..., None, :] & (key[..., None, :] <= key[..., None])).sum(-1)
         else:
-            rank = st.rctr[:, None, None] + newly.long().cumsum(-1)
+            rank = st.rctr[:, None, None] + newly.cumsum(-1)
         pm = lt["cl_posmask"]
-        allowed = (pm == 0) | (((pm >> rank.clamp(max=62)) & 1) == 1)
+        allowed = lt["cl_anypos"] | (((pm >> rank.clamp(max=62)) & 1) == 1)
         bad_new = newly & ~allowed
         crank = torch.where(newly, rank, crank.expand_as(newly))
-        rctr = st.rctr[:, None] + newly.long().sum(-1)
+        rctr = st.rctr[:, None] + newly.sum(-1)
         cbad = st.cbad[:, None, :] | bad_new
         sat = (pos_hit & ~cbad) | neg_absent
         mp = lt["cl_maxpos"]
-        passed = lt["cl_has_pos"] & ~sat & (mp > 0) & (mp <= rctr[..., None])
+        passed = lt["cl_ordered_pos"] & ~sat & (mp <= rctr[..., None])
         valid_cl = lt["cl_valid"]
-        violated = (valid_cl & ~lt["cl_has_pos"] & ~sat).any(-1) | count_viol | bad_new.any(-1) | passed.any(-1)
+        violated = (lt["cl_neg_only"] & ~sat).any(-1) | count_viol | bad_new.any(-1) | passed.any(-1)
         satv = sat & valid_cl
         if not final:
             # The pending (unfinished) word is only known to be complete at the next separator.  For ranking it
@@ -337,12 +339,13 @@ class NeuroLogicDecoder:
             # one whose pending word would break a limit, a negative literal or an order once completed is
             # ``risky`` (a likely dead end, ranked after the safe ones).
             w_end = _take(cp.node_word, node)
-            d = _take(lt["wtab"], torch.where(w_end >= 0, w_end, wl) + lt["rowoff"])
+            t_col = torch.where(w_end >= 0, w_end, wl)
+            d = _take(lt["wtab"], t_col + lt["rowoff"])
             tpos = cpos + d[..., :Cl]
             tneg = cneg + d[..., Cl:2 * Cl]
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
-                _, tcomp = self._phrase_step(cp, lt, prog, w_end)
+                _, tcomp = self._phrase_step(cp, lt, prog, t_col, w_end != NO_EVENT)
                 tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
                 if cp.has_pos_phrase:
                     tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
@@ -352,18 +355,18 @@ class NeuroLogicDecoder:
                     tg = tg + torch.bmm(tcomp.float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
             t_hit = tpos > 0
             t_new = t_hit & (crank == 0) & valid_cl
-            t_rank = rctr[..., None] + t_new.long().cumsum(-1)
-            t_bad = t_new & ~((pm == 0) | (((pm >> t_rank.clamp(max=62)) & 1) == 1))
-            tsat = ((t_hit & ~(cbad | t_bad)) | ((lt["neg_total"] - tneg) > 0)) & valid_cl
-            t_rctr = rctr + t_new.long().sum(-1)
-            t_passed = lt["cl_has_pos"] & ~tsat & (mp > 0) & (mp <= t_rctr[..., None])
-            risky = ((valid_cl & ~lt["cl_has_pos"] & ~tsat).any(-1) | (tg > lt["grp_max"]).any(-1)
+            t_rank = rctr[..., None] + t_new.cumsum(-1)
+            t_bad = t_new & ~(lt["cl_anypos"] | (((pm >> t_rank.clamp(max=62)) & 1) == 1))
+            tsat = ((t_hit & ~(cbad | t_bad)) | (tneg < lt["neg_total"])) & valid_cl
+            t_rctr = rctr + t_new.sum(-1)
+            t_passed = lt["cl_ordered_pos"] & ~tsat & (mp <= t_rctr[..., None])
+            risky = ((lt["cl_neg_only"] & ~tsat).any(-1) | (tg > lt["grp_max"]).any(-1)
                      | t_bad.any(-1) | t_passed.any(-1))
         else:
             tsat = satv
             risky = torch.zeros_like(count_viol)
-        pos_ok = (satv | ~lt["cl_has_pos"] | ~valid_cl).all(-1)
-        all_sat = (satv | ~valid_cl).all(-1) & ~count_viol
+        pos_ok = (satv | lt["cl_not_pos"]).all(-1)
+        all_sat = (satv | lt["cl_invalid"]).all(-1) & ~count_viol
         new = _State(node=node, ph_prog=ph_prog, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
                      cneg=cneg.clamp(max=1 << 20), gcnt=gcnt.clamp(max=1 << 20), cmatch=cmatch.expand(N, C, Cl),
                      crank=crank, rctr=rctr, cbad=cbad, sat=satv)
@@ -375,11 +378,11 @@ class NeuroLogicDecoder:
         N, C = st.node.shape
         unsat_cl = ~sat & lt["cl_has_pos"]
         single = _take(cp.node_prog.reshape(-1, cp.Cl), st.node + lt["nodeoff"])  # [N, C, Cl]
-        best = torch.where(unsat_cl, single, torch.zeros_like(single)).max(-1).values
+        best = torch.where(unsat_cl, single, 0.0).max(-1).values
         if cp.Lph and cp.has_pos_phrase:
             Lp = cp.Lp
             ph = lt["pos_ph"]  # [N,1,Lp]
-            prog = torch.where(ph >= 0, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp)), torch.zeros_like(ph))
+            prog = torch.where(ph >= 0, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp)), 0)
             words = lt["pos_words"].expand(N, C, Lp * cp.Pp).gather(2, lt["pos_lidx"] + prog.clamp(max=cp.Pp - 1))
             depth = _take(cp.node_depth, st.node).clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
             w = words.clamp(min=0)
@@ -388,10 +391,10 @@ class NeuroLogicDecoder:
                 on |= cp.prefix_node[w, v, depth] == st.node[..., None]
             on &= words >= 0
             cl = lt["pos_charlen"].expand(N, C, -1, -1)
-            done = cl.gather(3, prog[..., None]).squeeze(-1) + torch.where(on, depth.float(), torch.zeros_like(depth.float()))
+            done = cl.gather(3, prog[..., None]).squeeze(-1) + torch.where(on, depth.float(), 0.0)
             frac = done / cl[..., -1].clamp(min=1)
             unsat = ~sat.gather(2, lt["pos_clause"].expand(N, C, Lp)) & (ph >= 0)
-            best = torch.maximum(best, torch.where(unsat, frac, torch.zeros_like(frac)).max(-1).values)
+            best = torch.maximum(best, torch.where(unsat, frac, 0.0).max(-1).values)
         return best
 
     def _lookahead(self, cp: Compiled, lt, st: _State, lp, A: int, thresh, prev):
@@ -400,14 +403,14 @@ class NeuroLogicDecoder:
         N = lp.shape[0]
         pend_word = _take(cp.node_word, st.node)[:, None]
         if lt["single_words"] is not None:  # every positive literal is one word: its current word never changes
-            raw, words, start, resume, has_resume = lt["single_words"]
+            raw, words, start, start0, resume, start_res = lt["single_words"]
             pend_done = pend_word == raw  # the pending word already spells it: nothing left to propose
             need = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & ~pend_done
             unsat, under_way = need, None  # no literal is under way at a word boundary
         else:
             ph = lt["pos_ph2"]
             if cp.Lph:
-                prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), torch.zeros_like(ph))
+                prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), 0)
             else:
                 prog = torch.zeros_like(ph)
             wflat = lt["pos_words2"]
@@ -421,9 +424,10 @@ class NeuroLogicDecoder:
             unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
             need = unsat & ~pend_done
             under_way = prog > 0
+            start0 = start[..., 0].clamp(min=0)
             if cp.has_resume:
                 resume = _take(cp.path_resume, words)
-                has_resume = resume >= 0
+                start_res = torch.where(resume >= 0, start, -2)  # a start token that has a resume token
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
         want = torch.zeros(N, cp.Wc1, dtype=torch.long, device=lp.device)  # [N, word]: some literal needs it
@@ -431,15 +435,12 @@ class NeuroLogicDecoder:
         cont = _take(cp.node_cont_tok, st.node)
         cword = _take(cp.node_cont_word, st.node)
         cont_ok = (cword >= 0) & (want.gather(1, cword.clamp(min=0)) > 0)
-        dyn = lt["pos_dyn2"]
         if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
-            sc = lp.gather(1, start[..., 0].clamp(min=0))  # [N, Lp]
-            mine = lt["dyn_mine"]  # [N, D, Lp]: literal belongs to dynamic clause
-            s = torch.where(mine, sc[:, None, :], NEG)
-            kk = min(max(cp.dyn_kmax), cp.Lp)
-            kth = s.topk(kk, dim=2).values.gather(2, (lt["dyn_topk"][..., None] - 1).clamp(max=kk - 1))
-            promoted = (mine & (s >= kth) & torch.isfinite(s)).any(1)
-            start_ok = unsat & ((dyn < 0) | promoted)
+            sc = lp.gather(1, start0)  # [N, Lp]
+            s = torch.where(lt["dyn_mine"], sc[:, None, :], NEG)  # [N, D, Lp]: -inf outside the dynamic clause
+            kth = s.topk(lt["dyn_kk"], dim=2).values.gather(2, lt["dyn_kth"])
+            promoted = ((s >= kth) & torch.isfinite(s)).any(1)
+            start_ok = unsat & (lt["pos_static2"] | promoted)
         else:
             start_ok = unsat
         # masks stay per literal [N, Lp] as long as they can: per variant [N, Lp, 2] ops cost twice as much
@@ -447,7 +448,7 @@ class NeuroLogicDecoder:
         if cp.has_resume:  # the path's lone-space first token is out (and left the trie at its root): its second
             # token is next. The word is under way, so like a continuation it skips a dynamic clause's top-k (ranked
             # by first tokens, which say nothing here) and the threshold
-            resume_ok = has_resume & (prev[:, None, None] == start) & ((st.node == ROOT)[:, None] & need)[..., None]
+            resume_ok = (prev[:, None, None] == start_res) & ((st.node == ROOT)[:, None] & need)[..., None]
             start = torch.where(resume_ok, resume, start)
             start_ok = start_ok[..., None] | resume_ok
             started_start = resume_ok if started_start is None else started_start[..., None] | resume_ok
@@ -505,17 +506,26 @@ class NeuroLogicDecoder:
             "pos_clause": cp.pos_clause[rep][:, None, :],
             "pos_clause2": cp.pos_clause[rep],
             "pos_valid2": cp.pos_valid[rep],
-            "pos_dyn2": cp.pos_dyn[rep],
             "pos_charlen": cp.pos_charlen[rep][:, None],
             "dyn_topk": cp.dyn_topk[rep],
             "dyn_mine": cp.pos_dyn[rep][:, None, :] == torch.arange(cp.D, device=d)[None, :, None],
+            "pos_static2": cp.pos_dyn[rep] < 0,
         }
+        # clause masks the step reads as they are (each saves a few ops per step)
+        cv, has_pos = lt["cl_valid"], lt["cl_has_pos"]
+        lt.update(cl_anypos=lt["cl_posmask"] == 0, cl_ordered_pos=has_pos & (lt["cl_maxpos"] > 0),
+                  cl_neg_only=cv & ~has_pos, cl_not_pos=~has_pos | ~cv, cl_invalid=~cv)
+        # a dynamic clause's k-th best literal score: one top-k of the widest k, then each clause's own k-th
+        lt["dyn_kk"] = min(max(cp.dyn_kmax), cp.Lp)
+        lt["dyn_kth"] = (lt["dyn_topk"][..., None] - 1).clamp(max=lt["dyn_kk"] - 1)
         lt["single_words"] = None
         if not cp.has_pos_phrase:  # every positive literal is a single word (Pp = 1): its lookahead tables are fixed
             raw = lt["pos_words2"]
             words = raw.clamp(min=0)
             resume = _take(cp.path_resume, words)
-            lt["single_words"] = (raw, words, _take(cp.path_first, words), resume, resume >= 0)
+            start = _take(cp.path_first, words)
+            lt["single_words"] = (raw, words, start, start[..., 0].clamp(min=0), resume,
+                                  torch.where(resume >= 0, start, -2))
         has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
         st = _State(node=z(N), ph_prog=z(N, Lph) if Lph else None, ph_occ=z(N, Lph) if Lph else None,
@@ -563,11 +573,11 @@ class NeuroLogicDecoder:
                     cvalid &= ~dup
                 C = cand.shape[1]
                 clp = cum[:, None] + lp.gather(1, cand)
-                clp = torch.where(cvalid, clp, torch.full_like(clp, NEG))
+                clp = torch.where(cvalid, clp, NEG)
                 new, violated, pos_ok, all_sat, risky, tsat = self._advance(cp, lt, st, cand, t, final)
                 is_eos = _take(self.is_end_v, cand)  # EOS or a stop token: the hypothesis finishes here
                 if cfg.block_eos_until_satisfied and not final:
-                    clp = torch.where(is_eos & ~pos_ok, torch.full_like(clp, NEG), clp)
+                    clp = torch.where(is_eos & ~pos_ok, NEG, clp)
                 rank_sc = clp
                 if cfg.beta and has_positive:
                     rank_sc = clp + cfg.beta * self._progress(cp, lt, new, tsat)
@@ -581,13 +591,13 @@ class NeuroLogicDecoder:
                 f_viol = violated.reshape(B, KC)
                 f_nsat = nsat.reshape(B, KC)
                 good = fin_ok & ~f_viol
-                best = torch.where(good, f_nsat, torch.full_like(f_nsat, -1)).max(1, keepdim=True).values
+                best = torch.where(good, f_nsat, -1).max(1, keepdim=True).values
                 elig = good & (f_nsat >= best - cfg.sat_tolerance)
                 # tiers: 0 kept, 1 kept but its pending word is a dead end, 2 outside sat_tolerance,
                 # 3 irreversibly violating (used only when nothing better is left), 4 impossible
                 f_risky = risky.reshape(B, KC)
                 tier = torch.where(elig, f_risky.long(), torch.where(good, 2, torch.where(fin_ok, 3, 4)))
-                f_sc = torch.where(fin_ok, rank_sc.reshape(B, KC), torch.full_like(f_clp, NEG))
+                f_sc = torch.where(fin_ok, rank_sc.reshape(B, KC), NEG)
                 f_grp = group.reshape(B, KC)
                 o_sc = f_sc.argsort(dim=1, descending=True, stable=True)
                 g_o = f_grp.gather(1, o_sc) * 8 + tier.gather(1, o_sc)
@@ -597,7 +607,7 @@ class NeuroLogicDecoder:
                 ar = torch.arange(KC, device=d).expand(B, KC)
                 start_flag = torch.ones_like(gs, dtype=torch.bool)
                 start_flag[:, 1:] = gs[:, 1:] != gs[:, :-1]
-                start_pos = torch.where(start_flag, ar, torch.zeros_like(ar)).cummax(1).values
+                start_pos = torch.where(start_flag, ar, 0).cummax(1).values
                 rig = torch.empty_like(ar).scatter_(1, o, ar - start_pos)
                 # lexicographic: tier, rank-in-group, -nsat, -score: one stable sort of the integer part over the
                 # score order (nsat <= Cl, rank-in-group < KC)
