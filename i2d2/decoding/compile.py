@@ -171,9 +171,7 @@ class _WordRecord:
     """Everything about one literal word that does not depend on the batch, kept in the decoder's cache.  Indices
     into ``prefixes`` ("pi") are local to the word: the batch maps them to trie nodes with one gather."""
 
-    surface: list  # text of each case variant
-    variants: list  # automaton spelling (byte_letters) of each variant
-    prefixes: list  # v[:j], j = 0..len(v), of every variant, concatenated
+    prefixes: list  # v[:j], j = 0..len(v), of every variant's automaton spelling (byte_letters), concatenated
     ends: np.ndarray  # pi of each variant's full spelling
     frags: np.ndarray  # [n, 3] fragment transitions (pi from, pi to, fragment id)
     # [n, 4] lookahead path tokens: (slot, step, token, pi): pi is the word prefix the path has spelled after the
@@ -226,7 +224,7 @@ def _word_record(w: str, tables: TokenTables, tok) -> _WordRecord:
         conts += [(pis[j], ids[j + 1]) for j in range(len(ids) - 1) if pis[j] > o]
         slot_pref += [(slot, d, o + d) for d in range(1, len(v) + 1)]
     arr = lambda x, k: np.asarray(x, dtype=np.int64).reshape(-1, k)  # noqa: E731
-    return _WordRecord(surface, variants, prefixes, ends, arr(frags, 3), arr(path, 4), resume, arr(conts, 2),
+    return _WordRecord(prefixes, ends, arr(frags, 3), arr(path, 4), resume, arr(conts, 2),
                        np.asarray(prog, dtype=np.int64), np.asarray(prog_frac, dtype=np.float64), arr(slot_pref, 3))
 
 
