@@ -467,6 +467,35 @@ def test_compile_with_a_warm_word_cache_equals_a_cold_compile(tiny_gpt2):
     assert a.node_cont_tok.shape[1] >= 1 and (a.path_tok[:, :, 0] >= 0).all()
 
 
+def test_set_literals_are_reused_by_content_and_never_stale(tiny_gpt2):
+    """A set's literal list is kept by its contents (a run repeats a few sets over many prompts): an equal set built
+    anew reuses it, and a set changed in place after a batch compiles its new contents."""
+    from i2d2.decoding.compile import compile_batch
+
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, DecodingConfig())
+
+    def make():
+        return ConstraintSet(clauses=[Clause([Literal("dogs")]), Clause([Literal("the", False)])],
+                             counts=[CountConstraint(["cats", "cats food"], 0)],
+                             dynamic=[DynamicClause(["bigger", "faster"], top_k=1)])
+
+    cs = make()
+    a = compile_batch([cs], dec.tables, tok, "cpu")
+    assert compile_batch([make()], dec.tables, tok, "cpu").lits[0] is a.lits[0]
+    # "cats" may not occur at all, so the phrase "cats food" needs no state of its own
+    assert [li.text for li in a.lits[0] if li.group == 0] == ["cats"]
+    cs.dynamic[0].words.append("slower")
+    cs.counts[0].max_count = 1
+    cs.clauses[1].literals[0] = Literal("the")
+    b = compile_batch([cs], dec.tables, tok, "cpu")
+    assert [li.text for li in b.lits[0] if li.dynamic] == ["bigger", "faster", "slower"]
+    assert [li.positive for li in b.lits[0] if li.clause == 1] == [True]
+    # with a limit above 0 the phrase is counted on its own
+    assert [li.text for li in b.lits[0] if li.group == 0] == ["cats", "cats food"]
+    assert len(b.lits[0]) == len(a.lits[0]) + 2
+
+
 def test_word_cache_is_bounded_and_emptying_it_changes_nothing(tiny_gpt2, monkeypatch):
     import i2d2.decoding.neurologic as nl
 

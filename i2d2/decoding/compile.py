@@ -24,7 +24,7 @@ PAD_WORD = -3
 PAD_LEN = 1 << 20
 
 
-@dataclass
+@dataclass(frozen=True)
 class LitInfo:
     text: str
     words: tuple
@@ -103,36 +103,47 @@ class Compiled:
     words: list
 
 
-def _row_literals(cs: ConstraintSet) -> list[LitInfo]:
+def _row_key(cs: ConstraintSet) -> tuple:
+    """What ``_row_literals`` reads of a set, hashable: clauses as (text, positive) literals, dynamic clauses' words,
+    count groups as (words, max_count)."""
+    return (tuple(tuple((li.text, li.positive) for li in c.literals) for c in cs.clauses),
+            tuple(tuple(d.words) for d in cs.dynamic), tuple((tuple(g.words), int(g.max_count)) for g in cs.counts))
+
+
+# a run decodes few distinct sets (NeuroComparatives: one per aux verb x adverb) over many prompts; an NC set has
+# ~600 literals (~100 KB), so at most ~100 MB are kept
+@lru_cache(maxsize=1024)
+def _row_literals(clauses: tuple, dynamic: tuple, counts: tuple) -> tuple[LitInfo, ...]:
+    """The literals of one constraint set (arguments: ``_row_key``), in the order of the batch's tables.  Shared
+    between batches through the cache, so nothing downstream may modify them."""
     out = []
-    for ci, c in enumerate(cs.clauses):
-        for lit in c.literals:
-            out.append(LitInfo(lit.text, phrase_words(lit.text), ci, lit.positive, -1, False))
-    nc = len(cs.clauses)
-    for di, d in enumerate(cs.dynamic):
+    for ci, c in enumerate(clauses):
+        for text, positive in c:
+            out.append(LitInfo(text, phrase_words(text), ci, positive, -1, False))
+    nc = len(clauses)
+    for di, words in enumerate(dynamic):
         seen = set()
-        for w in d.words:
+        for w in words:
             key = phrase_words(w)
             if key not in seen:
                 seen.add(key)
                 out.append(LitInfo(w, key, nc + di, True, -1, True))
     # words forbidden on their own (count limit 0, or a one-literal negative clause): a forbidden phrase
     # containing one of them can never occur without an earlier violation, so it needs no state of its own
-    banned = {phrase_words(w)[0] for g in cs.counts if int(g.max_count) == 0 for w in g.words
-              if len(phrase_words(w)) == 1}
-    banned |= {phrase_words(c.literals[0].text)[0] for c in cs.clauses
-               if len(c.literals) == 1 and not c.literals[0].positive and len(phrase_words(c.literals[0].text)) == 1}
-    for gi, g in enumerate(cs.counts):
+    banned = {phrase_words(w)[0] for words, mx in counts if mx == 0 for w in words if len(phrase_words(w)) == 1}
+    banned |= {phrase_words(c[0][0])[0] for c in clauses
+               if len(c) == 1 and not c[0][1] and len(phrase_words(c[0][0])) == 1}
+    for gi, (words, mx) in enumerate(counts):
         seen = set()
-        for w in g.words:
+        for w in words:
             key = phrase_words(w)
             if key in seen:  # a word listed twice counts once per occurrence, not twice
                 continue
             seen.add(key)
-            if int(g.max_count) == 0 and len(key) > 1 and any(x in banned for x in key):
+            if mx == 0 and len(key) > 1 and any(x in banned for x in key):
                 continue
             out.append(LitInfo(w, key, -1, True, gi, False))
-    return out
+    return tuple(out)
 
 
 @lru_cache(maxsize=1 << 16)
@@ -240,7 +251,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     """``cache``: a dict kept by the caller across batches (per-word tables, see ``_WordRecord``)."""
     cache = {} if cache is None else cache
     B = len(css)
-    rows = [_row_literals(cs) for cs in css]
+    rows = [_row_literals(*_row_key(cs)) for cs in css]
     # ---- canonical words and the trie of their surface variants
     words: dict[str, int] = {}
     for r in rows:

@@ -44,6 +44,19 @@ STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done
 # per-word tables (about 5 KB a word on GPT-2's vocabulary) and validation tokenizations kept across batches: each
 # store is emptied before a batch once it holds more entries than this (at most ~100 MB of word tables)
 CACHE_MAX = 20_000
+# per-prompt tables ([N, 1, ...]) the constraint-state update reads against [N, C, ...] candidates
+_CAND_TABLES = ("neg_total", "grp_max", "cl_valid", "cl_has_pos", "cl_posmask", "cl_maxpos", "cl_anypos",
+                "cl_ordered_pos", "cl_neg_only", "cl_not_pos", "cl_invalid", "ph_gcol")
+
+
+def _topk(x, k: int):
+    """``x.topk(k, dim=-1)``.  On a CPU, torch selects by nth_element once 64 * k > n, which for n near 64 * k costs
+    2-3x its partial sort: such rows are padded with -inf up to 64 * k (use the values only: tied indices may
+    come out in another order)."""
+    n = x.shape[-1]
+    if x.device.type == "cpu" and 48 * k <= n < 64 * k:
+        x = torch.cat([x, x.new_full((*x.shape[:-1], 64 * k - n), NEG)], -1)
+    return x.topk(k, dim=-1)
 
 
 def _take(table, idx):
@@ -209,8 +222,8 @@ class NeuroLogicDecoder:
         key = n * cp.F + f
         idx = torch.searchsorted(cp.keys, key).clamp(max=cp.keys.numel() - 1)
         found = _take(cp.keys, idx) == key
+        # DEAD (node 1) spells no prefix, so no key starts from it: a lookup from DEAD finds nothing and stays DEAD
         res = torch.where(found, _take(cp.vals, idx), DEAD)
-        res = torch.where(n == DEAD, DEAD, res)
         return torch.where(f == 0, n, res)
 
     def _inner_events(self, cp: Compiled):
@@ -234,22 +247,47 @@ class NeuroLogicDecoder:
         N, C = cand.shape
         hs = _take(self.t_hassep, cand)
         ext = self._lookup(cp, st.node[:, None].expand(N, C), _take(self.t_lead, cand))
-        root = torch.zeros_like(ext)
-        node = torch.where(hs, self._lookup(cp, root, _take(self.t_tail, cand)), ext)
+        node = torch.where(hs, _take(lt["tail_node"], cand), ext)
         events = [torch.where(hs, _take(cp.node_word, ext), NO_EVENT)[None]]
         if lt["inner_ev"].shape[1]:
             events.append(_take(lt["inner_ev"], cand).permute(2, 0, 1))
         if final:  # the text ends: the pending word is complete
             events.append(torch.where(_take(self.is_eos_v, cand), NO_EVENT, _take(cp.node_word, node))[None])
-            node = root
+            node = torch.zeros_like(node)
         return torch.cat(events) if len(events) > 1 else events[0], node
 
-    def _phrase_step(self, cp: Compiled, lt, prog, col, has):
-        """One KMP step of every phrase for a word event [N, C], given as its DFA column ``col`` (the word id, or
-        Wc1 - 1 for an irrelevant word) and whether there is one (``has``): (new progress, completed) [N, C, Lph]."""
-        code = _take(lt["ph_dfa"], (lt["ph_base"] + prog) * cp.Wc1 + col[..., None])
-        has = has[..., None]
-        return torch.where(has, code >> 1, prog), has & ((code & 1) == 1)
+    @staticmethod
+    def _phrase_step(lt, state, col):
+        """One KMP step of every phrase for a word event [N, C] given as its column ``col`` (the word id; Wc1 - 1 an
+        irrelevant word; Wc1 none): (new state, completed 0 / 1) [N, C, Lph].  A phrase's state is its row of
+        ``lt["ph_step"]`` (see there), so the step is one add and one lookup."""
+        code = _take(lt["ph_step"], state + col[..., None])
+        return code >> 1, code & 1
+
+    @staticmethod
+    def _group_counts(cp: Compiled, lt, n):
+        """[N, C, G] count-group increments from per-phrase occurrence increments ``n`` [N, C, Lph] (a phrase is in at
+        most one group; a scatter costs half a batched matmul with ``cp.ph_grp`` on a CPU)."""
+        out = torch.zeros(*n.shape[:-1], cp.G + 1, dtype=n.dtype, device=n.device)
+        return out.scatter_add_(2, lt["ph_gcol"], n)[..., :cp.G]
+
+    @staticmethod
+    def _phrase_words(cp: Compiled, state):
+        """Words of each phrase matched so far, from its state."""
+        return torch.div(state, cp.Wc1 + 1, rounding_mode="floor") % cp.P
+
+    @staticmethod
+    def _phrase_table(cp: Compiled):
+        """The phrases' KMP automata as one step table.  A phrase's state is ``row * Wc2`` with ``row`` = (prompt,
+        phrase, words matched) in ``cp.ph_dfa``'s order and Wc2 = Wc1 + 1 columns: the word columns of
+        ``ph_dfa`` and a last one for no word, which keeps the state.  Entry ``state + column`` is the next state
+        * 2 + completed, so a step needs no multiply and no mask."""
+        W, W2 = cp.Wc1, cp.Wc1 + 1
+        dfa = cp.ph_dfa.reshape(-1, W)  # next words matched * 2 + completed
+        row = torch.arange(dfa.shape[0], device=dfa.device)[:, None]
+        first = row - row % cp.P  # the phrase's row with no word matched
+        nxt = ((first + (dfa >> 1)) * W2) * 2 + (dfa & 1)
+        return torch.cat([nxt, row * W2 * 2], 1).reshape(-1)
 
     def _advance(self, cp: Compiled, lt, st: _State, cand, step: int, final: bool):
         """Advance the constraint state of every (hypothesis, candidate token) pair."""
@@ -271,7 +309,9 @@ class NeuroLogicDecoder:
         cpos = st.cpos[:, None, :] + inc[..., :Cl]
         cneg = st.cneg[:, None, :] + inc[..., Cl:2 * Cl]
         gcnt = st.gcnt[:, None, :] + inc[..., 2 * Cl:]
-        if cp.has_order:  # event index at which each clause first gets a positive hit (E: none)
+        # with one event a step, every clause satisfied in it is hit at event 0: the clause index alone ranks them
+        by_pos = cp.has_order and E > 1
+        if by_pos:  # event index at which each clause first gets a positive hit (E: none)
             cum = (st.cpos[:, None, :] + d[..., :Cl].cumsum(0)) > 0
             hit_e = torch.where(cum[E - 1], E - 1, E)
             for e in range(E - 2, -1, -1):
@@ -279,15 +319,15 @@ class NeuroLogicDecoder:
         # phrases (and negatives of clauses with several negatives): per-literal KMP progress
         if cp.Lph:
             Lph, B, K = cp.Lph, cp.B, N // cp.B
-            prog = st.ph_prog[:, None, :].expand(N, C, Lph)
+            prog = st.ph_prog[:, None, :]
             occ0 = st.ph_occ[:, None, :]
             occ = occ0
             ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
-            has_ev = ev != NO_EVENT
+            pcol = torch.where(ev == NO_EVENT, cp.Wc1, col)  # no word leaves a phrase's progress as it is
             for e in range(E):
-                prog, comp = self._phrase_step(cp, lt, prog, col[e], has_ev[e])
-                occ = occ + comp  # bool adds as 0 / 1
-                if cp.has_order and cp.has_pos_phrase:
+                prog, comp = self._phrase_step(lt, prog, pcol[e])
+                occ = occ + comp
+                if by_pos and cp.has_pos_phrase:
                     hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
             # phrases count for clauses (positive / negative literals) and count groups: each table only where the
@@ -299,12 +339,12 @@ class NeuroLogicDecoder:
                 # where() over [N, C, Lph, Cl] costs 3x more on a CPU)
                 li = ((newly.reshape(N, C, Lph, 1) > 0) * lt["ph_lit1"]).max(2).values - 1
                 cmatch = torch.where(cmatch < 0, li, cmatch)
-                if cp.has_order:
+                if by_pos:
                     hit_e = torch.minimum(hit_e, ph_hit)
             if cp.ph_has_neg:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             if cp.ph_has_grp:
-                gcnt = gcnt + torch.bmm((occ - occ0).float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
+                gcnt = gcnt + self._group_counts(cp, lt, occ - occ0)
             ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
         else:
             ph_prog = ph_occ = None
@@ -314,9 +354,13 @@ class NeuroLogicDecoder:
         count_viol = (gcnt > lt["grp_max"]).any(-1)
         crank = st.crank[:, None, :]
         newly = pos_hit & (crank == 0) & lt["cl_valid"]
-        if cp.has_order:  # clauses satisfied in one step are ranked by where in the text they were satisfied
-            key = hit_e * Cl + lt["cl_index"]
-            rank = st.rctr[:, None, None] + (newly[..., None, :] & (key[..., None, :] <= key[..., None])).sum(-1)
+        if by_pos:  # clauses satisfied in one step are ranked by where in the text they were satisfied
+            # clause-major [Cl, N, C]: the [Cl, Cl] comparison then runs over N * C contiguous entries (3-4x
+            # cheaper on a CPU than with Cl innermost)
+            key = (hit_e * Cl + lt["cl_index"]).permute(2, 0, 1).contiguous()
+            rank = ((key[None] <= key[:, None]) & newly.permute(2, 0, 1).contiguous()[None]).sum(1)
+            rank += st.rctr[None, :, None]
+            rank = rank.permute(1, 2, 0).contiguous()
         else:
             rank = st.rctr[:, None, None] + newly.cumsum(-1)
         pm = lt["cl_posmask"]
@@ -345,14 +389,14 @@ class NeuroLogicDecoder:
             tneg = cneg + d[..., Cl:2 * Cl]
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
-                _, tcomp = self._phrase_step(cp, lt, prog, t_col, w_end != NO_EVENT)
+                _, tcomp = self._phrase_step(lt, prog, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
                 tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
                 if cp.has_pos_phrase:
                     tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
                 if cp.ph_has_neg:
                     tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
                 if cp.ph_has_grp:
-                    tg = tg + torch.bmm(tcomp.float().reshape(B, K * C, Lph), cp.ph_grp).reshape(N, C, -1).long()
+                    tg = tg + self._group_counts(cp, lt, tcomp)
             t_hit = tpos > 0
             t_new = t_hit & (crank == 0) & valid_cl
             t_rank = rctr[..., None] + t_new.cumsum(-1)
@@ -382,7 +426,7 @@ class NeuroLogicDecoder:
         if cp.Lph and cp.has_pos_phrase:
             Lp = cp.Lp
             ph = lt["pos_ph"]  # [N,1,Lp]
-            prog = torch.where(ph >= 0, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp)), 0)
+            prog = torch.where(ph >= 0, self._phrase_words(cp, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp))), 0)
             words = lt["pos_words"].expand(N, C, Lp * cp.Pp).gather(2, lt["pos_lidx"] + prog.clamp(max=cp.Pp - 1))
             depth = _take(cp.node_depth, st.node).clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
             w = words.clamp(min=0)
@@ -410,7 +454,7 @@ class NeuroLogicDecoder:
         else:
             ph = lt["pos_ph2"]
             if cp.Lph:
-                prog = torch.where(ph >= 0, st.ph_prog.gather(1, ph.clamp(min=0)), 0)
+                prog = torch.where(ph >= 0, self._phrase_words(cp, st.ph_prog.gather(1, ph.clamp(min=0))), 0)
             else:
                 prog = torch.zeros_like(ph)
             wflat = lt["pos_words2"]
@@ -420,13 +464,14 @@ class NeuroLogicDecoder:
             prog = prog + pend_done.long()
             live = prog < lt["pos_len2"]
             words = wflat.gather(1, lt["pos_lidx2"] + prog.clamp(max=cp.Pp - 1)).clamp(min=0)
-            start = _take(cp.path_first, words)  # [N, Lp, 2]: first token of each variant of the current word
+            vidx = words[:, None, :] + lt["variant_off"]
+            start = _take(lt["path_first"], vidx)  # [N, 2, Lp]: first token of each variant of the current word
             unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
             need = unsat & ~pend_done
             under_way = prog > 0
-            start0 = start[..., 0].clamp(min=0)
+            start0 = start[:, 0].clamp(min=0)
             if cp.has_resume:
-                resume = _take(cp.path_resume, words)
+                resume = _take(lt["path_resume"], vidx)
                 start_res = torch.where(resume >= 0, start, -2)  # a start token that has a resume token
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
@@ -438,24 +483,25 @@ class NeuroLogicDecoder:
         if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
             sc = lp.gather(1, start0)  # [N, Lp]
             s = torch.where(lt["dyn_mine"], sc[:, None, :], NEG)  # [N, D, Lp]: -inf outside the dynamic clause
-            kth = s.topk(lt["dyn_kk"], dim=2).values.gather(2, lt["dyn_kth"])
+            kth = _topk(s, lt["dyn_kk"]).values.gather(2, lt["dyn_kth"])
             promoted = ((s >= kth) & torch.isfinite(s)).any(1)
             start_ok = unsat & (lt["pos_static2"] | promoted)
         else:
             start_ok = unsat
-        # masks stay per literal [N, Lp] as long as they can: per variant [N, Lp, 2] ops cost twice as much
+        # masks stay per literal [N, Lp] as long as they can; per variant they are [N, 2, Lp], variant-major: an
+        # elementwise op that broadcasts over a last dimension of 2 costs ~10x more on a CPU than over Lp
         started_start = None if under_way is None else start_ok & under_way
         if cp.has_resume:  # the path's lone-space first token is out (and left the trie at its root): its second
             # token is next. The word is under way, so like a continuation it skips a dynamic clause's top-k (ranked
             # by first tokens, which say nothing here) and the threshold
-            resume_ok = (prev[:, None, None] == start_res) & ((st.node == ROOT)[:, None] & need)[..., None]
+            resume_ok = (prev[:, None, None] == start_res) & ((st.node == ROOT)[:, None] & need)[:, None, :]
             start = torch.where(resume_ok, resume, start)
-            start_ok = start_ok[..., None] | resume_ok
-            started_start = resume_ok if started_start is None else started_start[..., None] | resume_ok
+            start_ok = start_ok[:, None, :] | resume_ok
+            started_start = resume_ok if started_start is None else started_start[:, None, :] | resume_ok
         else:
-            start_ok = start_ok[..., None].expand_as(start)
-            started_start = (torch.zeros_like(start_ok) if started_start is None
-                             else started_start[..., None].expand_as(start))
+            start_ok = start_ok[:, None, :]
+            started_start = (torch.zeros_like(start, dtype=torch.bool) if started_start is None
+                             else started_start[:, None, :].expand_as(start))
         toks = torch.cat([torch.where(start_ok, start, -1).reshape(N, -1), torch.where(cont_ok, cont, -1)], -1)
         # the next token of a literal already under way (inside its word, or the next word of a started phrase)
         # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
@@ -465,7 +511,7 @@ class NeuroLogicDecoder:
         good = (toks >= 0) & torch.isfinite(tlp) & ((tlp >= thresh[:, None]) | started)
         key = torch.where(good, tlp + started * _KEEP_FIRST, NEG)  # started literals take the first slots
         a = min(A, tlp.shape[1])
-        v, i = key.topk(a, dim=1)
+        v, i = _topk(key, a)
         return toks.gather(1, i), torch.isfinite(v)
 
     # ------------------------------------------------------------------ search
@@ -484,11 +530,14 @@ class NeuroLogicDecoder:
             "nodeoff": (rep * cp.node_word.numel())[:, None],
             "wtab": cp.wtab.reshape(B * cp.Wc1, -1),
             "wlit": cp.wlit.reshape(B * cp.Wc1, -1),
-            "ph_base": ((rep[:, None] * max(Lph, 1) + torch.arange(max(Lph, 1), device=d)) * cp.P)[:, None, :],
-            "ph_dfa": cp.ph_dfa,
+            "ph_step": self._phrase_table(cp),
+            # [N, 1, Lph] each phrase's count group (G: none)
+            "ph_gcol": torch.where(cp.ph_grp.any(-1), cp.ph_grp.argmax(-1), cp.G)[rep][:, None, :],
             # [N, 1, Lph, Cl]: 1 + global literal index where the phrase is a positive literal of the clause, else 0
             "ph_lit1": torch.where(cp.ph_cl_pos > 0, cp.ph_gidx[..., None] + 1, 0)[rep][:, None],
             "inner_ev": self._inner_events(cp),
+            # [V] the trie node a token's text after its last separator reaches from the root (-> DEAD if none)
+            "tail_node": self._lookup(cp, torch.zeros_like(self.t_tail), self.t_tail),
             "cl_index": torch.arange(Cl, device=d),
             "neg_total": cp.neg_total[rep][:, None, :],
             "grp_max": cp.grp_max[rep][:, None, :],
@@ -518,17 +567,23 @@ class NeuroLogicDecoder:
         # a dynamic clause's k-th best literal score: one top-k of the widest k, then each clause's own k-th
         lt["dyn_kk"] = min(max(cp.dyn_kmax), cp.Lp)
         lt["dyn_kth"] = (lt["dyn_topk"][..., None] - 1).clamp(max=lt["dyn_kk"] - 1)
+        # per-variant path tables, variant-major ([2 * Wc]; a word's variant v at v * Wc + word)
+        lt["path_first"] = cp.path_first.T.reshape(-1)
+        lt["path_resume"] = cp.path_resume.T.reshape(-1)
+        lt["variant_off"] = torch.tensor([0, cp.path_first.shape[0]], device=d)[None, :, None]
         lt["single_words"] = None
         if not cp.has_pos_phrase:  # every positive literal is a single word (Pp = 1): its lookahead tables are fixed
             raw = lt["pos_words2"]
             words = raw.clamp(min=0)
-            resume = _take(cp.path_resume, words)
-            start = _take(cp.path_first, words)
-            lt["single_words"] = (raw, words, start, start[..., 0].clamp(min=0), resume,
+            vidx = words[:, None, :] + lt["variant_off"]
+            resume = _take(lt["path_resume"], vidx)
+            start = _take(lt["path_first"], vidx)
+            lt["single_words"] = (raw, words, start, start[:, 0].clamp(min=0), resume,
                                   torch.where(resume >= 0, start, -2))
         has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
-        st = _State(node=z(N), ph_prog=z(N, Lph) if Lph else None, ph_occ=z(N, Lph) if Lph else None,
+        ph_start = (rep[:, None] * max(Lph, 1) + torch.arange(Lph, device=d)) * cp.P * (cp.Wc1 + 1)
+        st = _State(node=z(N), ph_prog=ph_start if Lph else None, ph_occ=z(N, Lph) if Lph else None,
                     cpos=z(N, Cl), cneg=z(N, Cl), gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1, crank=z(N, Cl), rctr=z(N),
                     cbad=torch.zeros(N, Cl, dtype=torch.bool, device=d),
                     sat=(cp.neg_total[rep] > 0) & cp.cl_valid[rep])  # negative clauses hold on the empty text
@@ -572,6 +627,11 @@ class NeuroLogicDecoder:
                     dup.scatter_(1, si[:, 1:], (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0))
                     cvalid &= ~dup
                 C = cand.shape[1]
+                if t == 0:  # C is fixed for the batch: the per-prompt tables take the candidates' shape once, so the
+                    # step's elementwise ops meet operands of one shape (on a CPU, broadcasting over a last dimension
+                    # of Cl costs 5-10x more than the op itself)
+                    for k in _CAND_TABLES:
+                        lt[k] = lt[k].expand(N, C, *lt[k].shape[2:]).contiguous()
                 clp = cum[:, None] + lp.gather(1, cand)
                 clp = torch.where(cvalid, clp, NEG)
                 new, violated, pos_ok, all_sat, risky, tsat = self._advance(cp, lt, st, cand, t, final)
