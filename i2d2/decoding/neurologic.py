@@ -332,7 +332,8 @@ class NeuroLogicDecoder:
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
             # phrases count for clauses (positive / negative literals) and count groups: each table only where the
             # batch has such phrases (NeuroComparatives' phrases are count-only)
-            newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
+            if cp.has_pos_phrase or cp.ph_has_neg:  # phrases that occur for the first time
+                newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
             if cp.has_pos_phrase:
                 cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
                 # literal that satisfied clause c (phrase case): a product and a max over a precomputed table (a
@@ -390,7 +391,8 @@ class NeuroLogicDecoder:
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
                 _, tcomp = self._phrase_step(lt, prog, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
-                tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
+                if cp.has_pos_phrase or cp.ph_has_neg:
+                    tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
                 if cp.has_pos_phrase:
                     tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
                 if cp.ph_has_neg:
@@ -483,8 +485,9 @@ class NeuroLogicDecoder:
         if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
             sc = lp.gather(1, start0)  # [N, Lp]
             s = torch.where(lt["dyn_mine"], sc[:, None, :], NEG)  # [N, D, Lp]: -inf outside the dynamic clause
-            kth = _topk(s, lt["dyn_kk"]).values.gather(2, lt["dyn_kth"])
-            promoted = ((s >= kth) & torch.isfinite(s)).any(1)
+            # a k-th score of -inf (fewer finite scores than k) is raised so that -inf itself is never promoted
+            kth = _topk(s, lt["dyn_kk"]).values.gather(2, lt["dyn_kth"]).clamp(min=torch.finfo(s.dtype).min)
+            promoted = (s >= kth)[:, 0] if cp.D == 1 else (s >= kth).any(1)
             start_ok = unsat & (lt["pos_static2"] | promoted)
         else:
             start_ok = unsat
@@ -508,7 +511,8 @@ class NeuroLogicDecoder:
         # small vocabulary) are started and dropped
         started = torch.cat([started_start.reshape(N, -1), cont_ok], -1)
         tlp = lp.gather(1, toks.clamp(min=0))
-        good = (toks >= 0) & torch.isfinite(tlp) & ((tlp >= thresh[:, None]) | started)
+        # a banned token (log-prob -inf) keeps key -inf, started or not
+        good = (toks >= 0) & ((tlp >= thresh[:, None]) | started)
         key = torch.where(good, tlp + started * _KEEP_FIRST, NEG)  # started literals take the first slots
         a = min(A, tlp.shape[1])
         v, i = _topk(key, a)
