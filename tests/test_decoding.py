@@ -519,3 +519,19 @@ def _trie_nodes(cp):
             for dd in range(1, len(v) + 1):
                 out[v[:dd]] = int(cp.prefix_node[wi, vi, dd])
     return list(out), list(out.values())
+
+
+def test_padded_topk_matches_torch_topk():
+    """The CPU top-k that pads rows onto torch's partial-sort path returns torch's values, and indices that name
+    those values inside the input, also where fewer than k entries are finite."""
+    from i2d2.decoding.neurologic import _topk
+
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((292, 5), (619, 10), (100, 10), (20, 3)):
+        x = torch.randn(6, n, generator=g)
+        x[0, 3:] = float("-inf")  # a row with 3 finite entries
+        x[1] = float("-inf")
+        v, i = _topk(x, k)
+        want = x.topk(k, dim=-1).values
+        assert torch.equal(v, want), (n, k)
+        assert int(i.max()) < n and torch.equal(x.gather(1, i), v), (n, k)

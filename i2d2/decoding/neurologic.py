@@ -51,12 +51,13 @@ _CAND_TABLES = ("neg_total", "grp_max", "cl_valid", "cl_has_pos", "cl_posmask", 
 
 def _topk(x, k: int):
     """``x.topk(k, dim=-1)``.  On a CPU, torch selects by nth_element once 64 * k > n, which for n near 64 * k costs
-    2-3x its partial sort: such rows are padded with -inf up to 64 * k (use the values only: tied indices may
-    come out in another order)."""
+    2-3x its partial sort: such rows are padded with -inf up to 64 * k.  Equal values may come out in another
+    order than unpadded, and a -inf pick may name a padding column: indices are clamped to the last real one."""
     n = x.shape[-1]
-    if x.device.type == "cpu" and 48 * k <= n < 64 * k:
-        x = torch.cat([x, x.new_full((*x.shape[:-1], 64 * k - n), NEG)], -1)
-    return x.topk(k, dim=-1)
+    if x.device.type != "cpu" or not 48 * k <= n < 64 * k:
+        return x.topk(k, dim=-1)
+    v, i = torch.cat([x, x.new_full((*x.shape[:-1], 64 * k - n), NEG)], -1).topk(k, dim=-1)
+    return v, i.clamp(max=n - 1)
 
 
 def _take(table, idx):
@@ -486,7 +487,7 @@ class NeuroLogicDecoder:
             sc = lp.gather(1, start0)  # [N, Lp]
             s = torch.where(lt["dyn_mine"], sc[:, None, :], NEG)  # [N, D, Lp]: -inf outside the dynamic clause
             # a k-th score of -inf (fewer finite scores than k) is raised so that -inf itself is never promoted
-            kth = _topk(s, lt["dyn_kk"]).values.gather(2, lt["dyn_kth"]).clamp(min=torch.finfo(s.dtype).min)
+            kth = _topk(s, lt["dyn_kk"])[0].gather(2, lt["dyn_kth"]).clamp(min=torch.finfo(s.dtype).min)
             promoted = (s >= kth)[:, 0] if cp.D == 1 else (s >= kth).any(1)
             start_ok = unsat & (lt["pos_static2"] | promoted)
         else:
@@ -515,6 +516,8 @@ class NeuroLogicDecoder:
         good = (toks >= 0) & ((tlp >= thresh[:, None]) | started)
         key = torch.where(good, tlp + started * _KEEP_FIRST, NEG)  # started literals take the first slots
         a = min(A, tlp.shape[1])
+        # equal keys are copies of one token or -inf (not proposed): their order changes nothing (short of two
+        # tokens with exactly equal log-probs)
         v, i = _topk(key, a)
         return toks.gather(1, i), torch.isfinite(v)
 
