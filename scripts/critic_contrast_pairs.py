@@ -1,0 +1,125 @@
+"""Experiment: does contrasting each statement with its negation help the default probe critic?
+
+Reads the critic's labelled data and splits exactly as ``critics.train.train_critic`` does (default ``critic`` config),
+negates every statement with a spaCy rule ("not" after the main clause's first auxiliary or copula, else
+do/does/did + the root verb's lemma), and fits the probe's logistic regression (C chosen on dev) on:
+layer-``probe_layer`` states h(s) (the default critic), h(s) - h(not s), both concatenated, h(s) with h(not s), and
+h(s) with the log-probability margin log P(s) - log P(not s).  Prints dev and test AP of each (test chose nothing).
+
+  python scripts/critic_contrast_pairs.py [--limit N]     # ~15 min on 2 CPU cores for the 2,911 statements
+
+README "Which critic" has the numbers; none of these beat layer 12 on test by more than the run-to-run spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def negate(doc) -> str | None:
+    """The statement with its main clause negated, or None where the rule finds no auxiliary or finite verb."""
+    root = next((t for t in doc if t.dep_ == "ROOT"), None)
+    if root is None:
+        return None
+    aux = sorted([t for t in root.children if t.dep_ in ("aux", "auxpass") and t.i < root.i]
+                 + ([root] if root.pos_ == "AUX" or root.lemma_ == "be" else []), key=lambda t: t.i)
+    words = [t.text_with_ws for t in doc]
+    if aux:
+        a = aux[0]
+        words[a.i] = a.text + ("not" if a.lower_ == "can" else " not") + a.whitespace_
+        return "".join(words)
+    do = {"VBZ": "does", "VBP": "do", "VBD": "did"}.get(root.tag_) if root.pos_ == "VERB" else None
+    if do is None:
+        return None
+    words[root.i] = f"{do} not {root.lemma_}" + root.whitespace_
+    return "".join(words)
+
+
+@torch.no_grad()
+def sentence_logprob(model, tok, texts, batch_size=16) -> np.ndarray:
+    """Sum of token log-probabilities of each text (its first token given)."""
+    out = np.zeros(len(texts))
+    side, tok.padding_side = tok.padding_side, "right"
+    try:
+        for s in range(0, len(texts), batch_size):
+            enc = tok(texts[s:s + batch_size], return_tensors="pt", padding=True)
+            ids, am = enc["input_ids"], enc["attention_mask"]
+            logits = model(input_ids=ids, attention_mask=am).logits[:, :-1].float()
+            tl = logits.gather(2, ids[:, 1:, None])[..., 0] - logits.logsumexp(-1)
+            out[s:s + batch_size] = (tl * am[:, 1:]).sum(1).numpy()
+    finally:
+        tok.padding_side = side
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N labelled statements (a smoke run)")
+    args = ap.parse_args(argv)
+
+    from hydra import compose, initialize_config_dir
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from critics.data import LoadReport, canonical_statement, grouped_split3, load_annotations
+    from critics.metrics import average_precision
+    from critics.probe import lm_features
+    from critics.train import critic_config
+    from i2d2.filtering import ends_sentence
+    from i2d2.models import load_causal_lm, load_spacy
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        c = critic_config(compose(config_name="train").critic)
+    rows = load_annotations(list(c["seed_annotations"]), c["label_map"], c["on_error"], float(c["min_agreement"]),
+                            LoadReport())
+    if c["complete_only"]:
+        rows = [r for r in rows if ends_sentence(r["statement"])]
+    rows = rows[:args.limit] if args.limit else rows
+    texts = [canonical_statement(r["statement"]) if c["canonicalize"] else r["statement"] for r in rows]
+    ys = np.array([r["y"] for r in rows])
+    tr, dv, te = grouped_split3([r["concept"] for r in rows], ys, float(c["dev_fraction"]), float(c["test_fraction"]),
+                                int(c["seed"]))
+    negs = [negate(d) for d in load_spacy().pipe(texts)]
+    neg_texts = [n if n is not None else t for n, t in zip(negs, texts)]
+    print(f"{len(rows)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), "
+          f"{sum(n is not None for n in negs)} negated; e.g. {texts[0]!r} -> {neg_texts[0]!r}", flush=True)
+
+    model, tok = load_causal_lm(c["probe_lm"])
+    layer, max_len = int(c["probe_layer"]), int(c["max_length"])
+    X = lm_features(model, tok, texts, layer, 32, max_len)
+    Xn = lm_features(model, tok, neg_texts, layer, 32, max_len)
+    margin = (sentence_logprob(model, tok, texts) - sentence_logprob(model, tok, neg_texts))[:, None]
+
+    def fit(F):
+        sc = StandardScaler().fit(F[tr])
+        Fs = sc.transform(F)
+        best = None
+        for C in c["probe_C"]:
+            clf = LogisticRegression(C=float(C), max_iter=5000, random_state=int(c["seed"])).fit(Fs[tr], ys[tr])
+            ap_dev = average_precision(ys[dv], clf.predict_proba(Fs[dv])[:, 1])
+            if best is None or ap_dev > best[0]:
+                best = (ap_dev, clf)
+        return best[0], average_precision(ys[te], best[1].predict_proba(Fs[te])[:, 1])
+
+    print(f"{'features':36s} {'dev AP':>7s} {'test AP':>8s}")
+    for name, F in [("h(s)  (the default critic)", X), ("h(s) - h(not s)", X - Xn),
+                    ("h(s) | h(s) - h(not s)", np.concatenate([X, X - Xn], 1)),
+                    ("h(s) | h(not s)", np.concatenate([X, Xn], 1)),
+                    ("h(s) | log P(s) - log P(not s)", np.concatenate([X, margin], 1))]:
+        ap_dev, ap_test = fit(F)
+        print(f"{name:36s} {ap_dev:7.3f} {ap_test:8.3f}", flush=True)
+    print(f"{'log P(s) - log P(not s) alone':36s} {average_precision(ys[dv], margin[dv, 0]):7.3f} "
+          f"{average_precision(ys[te], margin[te, 0]):8.3f}   (base rate {ys[te].mean():.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
