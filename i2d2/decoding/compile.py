@@ -40,7 +40,7 @@ class Compiled:
     P: int
     Cl: int
     G: int
-    lits: list  # per row: list[LitInfo]
+    lits: list  # per row: tuple[LitInfo, ...] (shared across batches: see _row_literals)
     n_clauses: list  # per row: (#clauses, #dynamic)
     # trie
     keys: torch.Tensor  # sorted node*F+frag

@@ -78,9 +78,10 @@ class Generation:
 
 
 class _State:
-    """Per-hypothesis tensors ([N, ...], N = prompts x beam)."""
+    """Per-hypothesis tensors ([N, ...], N = prompts x beam).  ``ph_state``: each phrase's automaton state, an
+    offset into the step table (``_phrase_table``; ``_phrase_words`` reads the words matched)."""
 
-    __slots__ = ("node", "ph_prog", "ph_occ", "cpos", "cneg", "gcnt", "cmatch", "crank", "rctr", "cbad", "sat")
+    __slots__ = ("node", "ph_state", "ph_occ", "cpos", "cneg", "gcnt", "cmatch", "crank", "rctr", "cbad", "sat")
 
     def take(self, idx, n_flat):
         """Select rows ``idx`` of the candidate-level state flattened to ``n_flat`` rows."""
@@ -320,7 +321,7 @@ class NeuroLogicDecoder:
         # phrases (and negatives of clauses with several negatives): per-literal KMP progress
         if cp.Lph:
             Lph, B, K = cp.Lph, cp.B, N // cp.B
-            prog = st.ph_prog[:, None, :]
+            prog = st.ph_state[:, None, :]
             occ0 = st.ph_occ[:, None, :]
             occ = occ0
             ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
@@ -347,9 +348,9 @@ class NeuroLogicDecoder:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             if cp.ph_has_grp:
                 gcnt = gcnt + self._group_counts(cp, lt, occ - occ0)
-            ph_prog, ph_occ = prog, occ.clamp(max=1 << 20)
+            ph_state, ph_occ = prog, occ.clamp(max=1 << 20)
         else:
-            ph_prog = ph_occ = None
+            ph_state = ph_occ = None
         # clause level
         pos_hit = cpos > 0
         neg_absent = cneg < lt["neg_total"]
@@ -414,7 +415,7 @@ class NeuroLogicDecoder:
             risky = torch.zeros_like(count_viol)
         pos_ok = (satv | lt["cl_not_pos"]).all(-1)
         all_sat = (satv | lt["cl_invalid"]).all(-1) & ~count_viol
-        new = _State(node=node, ph_prog=ph_prog, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
+        new = _State(node=node, ph_state=ph_state, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
                      cneg=cneg.clamp(max=1 << 20), gcnt=gcnt.clamp(max=1 << 20), cmatch=cmatch.expand(N, C, Cl),
                      crank=crank, rctr=rctr, cbad=cbad, sat=satv)
         return new, violated, pos_ok, all_sat, risky, tsat
@@ -429,7 +430,8 @@ class NeuroLogicDecoder:
         if cp.Lph and cp.has_pos_phrase:
             Lp = cp.Lp
             ph = lt["pos_ph"]  # [N,1,Lp]
-            prog = torch.where(ph >= 0, self._phrase_words(cp, st.ph_prog.gather(2, ph.clamp(min=0).expand(N, C, Lp))), 0)
+            state = st.ph_state.gather(2, ph.clamp(min=0).expand(N, C, Lp))
+            prog = torch.where(ph >= 0, self._phrase_words(cp, state), 0)
             words = lt["pos_words"].expand(N, C, Lp * cp.Pp).gather(2, lt["pos_lidx"] + prog.clamp(max=cp.Pp - 1))
             depth = _take(cp.node_depth, st.node).clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
             w = words.clamp(min=0)
@@ -457,7 +459,7 @@ class NeuroLogicDecoder:
         else:
             ph = lt["pos_ph2"]
             if cp.Lph:
-                prog = torch.where(ph >= 0, self._phrase_words(cp, st.ph_prog.gather(1, ph.clamp(min=0))), 0)
+                prog = torch.where(ph >= 0, self._phrase_words(cp, st.ph_state.gather(1, ph.clamp(min=0))), 0)
             else:
                 prog = torch.zeros_like(ph)
             wflat = lt["pos_words2"]
@@ -590,7 +592,7 @@ class NeuroLogicDecoder:
         has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
         ph_start = (rep[:, None] * max(Lph, 1) + torch.arange(Lph, device=d)) * cp.P * (cp.Wc1 + 1)
-        st = _State(node=z(N), ph_prog=ph_start if Lph else None, ph_occ=z(N, Lph) if Lph else None,
+        st = _State(node=z(N), ph_state=ph_start if Lph else None, ph_occ=z(N, Lph) if Lph else None,
                     cpos=z(N, Cl), cneg=z(N, Cl), gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1, crank=z(N, Cl), rctr=z(N),
                     cbad=torch.zeros(N, Cl, dtype=torch.bool, device=d),
                     sat=(cp.neg_total[rep] > 0) & cp.cl_valid[rep])  # negative clauses hold on the empty text
