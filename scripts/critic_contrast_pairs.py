@@ -6,7 +6,7 @@ do/does/did + the root verb's lemma), and fits the probe's logistic regression (
 layer-``probe_layer`` states h(s) (the default critic), h(s) - h(not s), both concatenated, h(s) with h(not s), and
 h(s) with the log-probability margin log P(s) - log P(not s).  Prints dev and test AP of each (test chose nothing).
 
-  python scripts/critic_contrast_pairs.py [--limit N]     # ~15 min on 2 CPU cores for the 2,911 statements
+  python scripts/critic_contrast_pairs.py [--limit N]     # ~30 min on 2 CPU cores for the 2,911 statements
 
 README "Which critic" has the numbers; none of these beat layer 12 on test by more than the run-to-run spread.
 """
