@@ -162,6 +162,26 @@ def _scores_rows(idx, texts, concepts, rows, ys, scores, ppl=None) -> list[dict]
     return out
 
 
+def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport | None = None):
+    """The critic's labelled data as it trains on it (``cfg``: ``critic_config``): rows of ``paths`` (unfinished
+    statements left out under ``complete_only``), the texts the critic reads (canonicalised under ``canonicalize``),
+    labels, the (train, dev, test) indices grouped by concept, and how many unfinished rows were left out."""
+    rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report)
+    n_unfinished = 0
+    if cfg["complete_only"]:  # the loop drops unfinished generations before the critic (task.filter.require_sentence_end)
+        from i2d2.filtering import ends_sentence
+
+        n_unfinished = sum(not ends_sentence(r["statement"]) for r in rows)
+        rows = [r for r in rows if ends_sentence(r["statement"])]
+    texts = [r["statement"] for r in rows]
+    if cfg["canonicalize"]:  # what the critic reads; scoring applies the same (critic_meta.json "canonicalize")
+        texts = [canonical_statement(t) for t in texts]
+    ys = np.array([r["y"] for r in rows])
+    splits = grouped_split3([r["concept"] for r in rows], ys, float(cfg["dev_fraction"]), float(cfg["test_fraction"]),
+                            int(cfg["seed"]))
+    return rows, texts, ys, splits, n_unfinished
+
+
 def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: str | Path, trainer_cfg=None,
                  tracker=None, lm=None) -> dict:
     """Train (or reuse) the critic in ``out_dir``; return its summary.
@@ -187,25 +207,13 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         raise ValueError("train_critic needs at least one annotation file (e.g. the bundled generics_gemma.jsonl)")
 
     report = LoadReport()
-    rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report)
+    rows, texts, ys, (train_idx, dev_idx, test_idx), n_unfinished = labelled_splits(cfg, paths, report)
     if report.errors:
         write_jsonl(out_dir / "annotation_errors.jsonl", [{"error": e} for e in report.errors])
-    n_unfinished = 0
-    if cfg["complete_only"]:  # the loop drops unfinished generations before the critic (task.filter.require_sentence_end)
-        from i2d2.filtering import ends_sentence
-
-        n_unfinished = sum(not ends_sentence(r["statement"]) for r in rows)
-        rows = [r for r in rows if ends_sentence(r["statement"])]
     if len(rows) < int(cfg["min_examples"]):
         raise ValueError(f"only {len(rows)} usable annotated statements in {[str(p) for p in paths]} "
                          f"(need >= {cfg['min_examples']}); {report.summary()}")
-    texts = [r["statement"] for r in rows]
-    if cfg["canonicalize"]:  # what the critic reads; scoring applies the same (critic_meta.json "canonicalize")
-        texts = [canonical_statement(t) for t in texts]
-    ys = np.array([r["y"] for r in rows])
     concepts = [r["concept"] for r in rows]
-    train_idx, dev_idx, test_idx = grouped_split3(concepts, ys, float(cfg["dev_fraction"]),
-                                                  float(cfg["test_fraction"]), int(cfg["seed"]))
     split_concepts = {name: sorted({concepts[i] for i in idx})
                       for name, idx in (("train", train_idx), ("dev", dev_idx), ("test", test_idx))}
     write_json(out_dir / "split.json", {**{f"{k}_concepts": v for k, v in split_concepts.items()},

@@ -62,34 +62,29 @@ def sentence_logprob(model, tok, texts, batch_size=16) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=0, help="only the first N labelled statements (a smoke run)")
+    ap.add_argument("--limit", type=int, default=0, help="only the first N statements of each split (a smoke run)")
     args = ap.parse_args(argv)
 
     from hydra import compose, initialize_config_dir
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from critics.data import LoadReport, canonical_statement, grouped_split3, load_annotations
     from critics.metrics import average_precision
     from critics.probe import lm_features
-    from critics.train import critic_config
-    from i2d2.filtering import ends_sentence
+    from critics.train import critic_config, labelled_splits
     from i2d2.models import load_causal_lm, load_spacy
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         c = critic_config(compose(config_name="train").critic)
-    rows = load_annotations(list(c["seed_annotations"]), c["label_map"], c["on_error"], float(c["min_agreement"]),
-                            LoadReport())
-    if c["complete_only"]:
-        rows = [r for r in rows if ends_sentence(r["statement"])]
-    rows = rows[:args.limit] if args.limit else rows
-    texts = [canonical_statement(r["statement"]) if c["canonicalize"] else r["statement"] for r in rows]
-    ys = np.array([r["y"] for r in rows])
-    tr, dv, te = grouped_split3([r["concept"] for r in rows], ys, float(c["dev_fraction"]), float(c["test_fraction"]),
-                                int(c["seed"]))
+    _, texts, ys, (tr, dv, te), _ = labelled_splits(c, list(c["seed_annotations"]))
+    if args.limit:  # a smoke run: the first N statements of each split
+        parts = [np.asarray(x[:args.limit]) for x in (tr, dv, te)]
+        keep = np.concatenate(parts)
+        texts, ys = [texts[i] for i in keep], ys[keep]
+        tr, dv, te = np.split(np.arange(len(keep)), np.cumsum([len(x) for x in parts])[:2])
     negs = [negate(d) for d in load_spacy().pipe(texts)]
     neg_texts = [n if n is not None else t for n, t in zip(negs, texts)]
-    print(f"{len(rows)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), "
+    print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), "
           f"{sum(n is not None for n in negs)} negated; e.g. {texts[0]!r} -> {neg_texts[0]!r}", flush=True)
 
     model, tok = load_causal_lm(c["probe_lm"])
