@@ -249,7 +249,8 @@ def main(argv=None):
         print(f"{'model':18s} {'setting':8s} {'steps':>6s} {'ops/step':>10s} {'compute':>10s} {'kern/step':>10s} {'syncs/st':>8s} "
               f"{'ms/step':>9s}")
     else:
-        print(f"{'model':18s} {'setting':8s} {'wall':>10s}   ratio to plain beam search: best times, median of rounds")
+        clock = "cpu time" if args.cpu_time else "wall"
+        print(f"{'model':18s} {'setting':8s} {clock:>10s}   ratio to plain beam search: best times, median of rounds")
     rows = []
     for n in names:
         run_model(n, args, rows)

@@ -321,13 +321,13 @@ class NeuroLogicDecoder:
         # phrases (and negatives of clauses with several negatives): per-literal KMP progress
         if cp.Lph:
             Lph, B, K = cp.Lph, cp.B, N // cp.B
-            prog = st.ph_state[:, None, :]
+            ph_state = st.ph_state[:, None, :]
             occ0 = st.ph_occ[:, None, :]
             occ = occ0
             ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
             pcol = torch.where(ev == NO_EVENT, cp.Wc1, col)  # no word leaves a phrase's progress as it is
             for e in range(E):
-                prog, comp = self._phrase_step(lt, prog, pcol[e])
+                ph_state, comp = self._phrase_step(lt, ph_state, pcol[e])
                 occ = occ + comp
                 if by_pos and cp.has_pos_phrase:
                     hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
@@ -348,7 +348,7 @@ class NeuroLogicDecoder:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             if cp.ph_has_grp:
                 gcnt = gcnt + self._group_counts(cp, lt, occ - occ0)
-            ph_state, ph_occ = prog, occ.clamp(max=1 << 20)
+            ph_occ = occ.clamp(max=1 << 20)
         else:
             ph_state = ph_occ = None
         # clause level
@@ -392,7 +392,7 @@ class NeuroLogicDecoder:
             tneg = cneg + d[..., Cl:2 * Cl]
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
-                _, tcomp = self._phrase_step(lt, prog, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
+                _, tcomp = self._phrase_step(lt, ph_state, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
                 if cp.has_pos_phrase or cp.ph_has_neg:
                     tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
                 if cp.has_pos_phrase:
