@@ -49,7 +49,9 @@ def sentence_logprob(model, tok, texts, batch_size=16) -> np.ndarray:
     out = np.zeros(len(texts))
     side, tok.padding_side = tok.padding_side, "right"
     try:
-        for s in range(0, len(texts), batch_size):
+        from tqdm.auto import tqdm
+
+        for s in tqdm(range(0, len(texts), batch_size), desc="log P", unit="batch"):  # the slow part: full-vocab logits
             enc = tok(texts[s:s + batch_size], return_tensors="pt", padding=True)
             ids, am = enc["input_ids"], enc["attention_mask"]
             logits = model(input_ids=ids, attention_mask=am).logits[:, :-1].float()
