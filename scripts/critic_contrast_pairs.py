@@ -1,19 +1,27 @@
-"""Experiment: does contrasting each statement with its negation help the default probe critic?
+"""Experiment: does contrasting each statement with a twin of opposite truth help the default probe critic?
 
-Reads the critic's labelled data and splits exactly as ``critics.train.train_critic`` does (default ``critic`` config),
-negates every statement with a spaCy rule ("not" after the main clause's first auxiliary or copula, else
-do/does/did + the root verb's lemma), and fits the probe's logistic regression (C chosen on dev) on:
-layer-``probe_layer`` states h(s) (the default critic), h(s) - h(not s), both concatenated, h(s) with h(not s), and
-h(s) with the log-probability margin log P(s) - log P(not s).  Prints dev and test AP of each (test chose nothing).
+Reads a critic's labelled data and splits exactly as ``critics.train.train_critic`` does, builds each statement's
+contrast c(s) and fits the probe's logistic regression (C chosen on dev) on: layer-``probe_layer`` states h(s) (the
+default critic), h(s) - h(c(s)), both concatenated, h(s) with h(c(s)), and h(s) with the log-probability margin
+log P(s) - log P(c(s)).  Prints dev and test AP of each (test chose nothing).
 
-  python scripts/critic_contrast_pairs.py [--limit N]     # ~30 min on 2 CPU cores for the 2,911 statements
+  --task generics      the I2D2 critic (default ``critic`` config); c(s) = s negated by a spaCy rule ("not" after the
+                       main clause's first auxiliary or copula, else do/does/did + the root verb's lemma)
+  --task comparatives  the NeuroComparatives discriminator (``task=comparatives``: its labels and overrides); c(s) = s
+                       with the two entities swapped ("Compared to A, B ..." -> "Compared to B, A ..."): a true
+                       comparative's twin is false, so a model that knows the ordering scores the pair apart
 
-README "Which critic" has the numbers; none of these beat layer 12 on test by more than the run-to-run spread.
+  python scripts/critic_contrast_pairs.py [--task generics|comparatives] [--limit N]
+  # generics ~30 min on 2 CPU cores for the 2,911 statements; comparatives ~6 min for the 708
+
+README "Which critic" (generics) and the discriminator row of the comparatives table have the numbers; none of these
+beat the plain probe on test by more than the run-to-run spread.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -43,6 +51,14 @@ def negate(doc) -> str | None:
     return "".join(words)
 
 
+def swap_entities(row: dict) -> str | None:
+    """The comparative with its two entities swapped, or None where the prompt is not "Compared to A, B"."""
+    m = re.match(r"^Compared to (.+?), (.+)$", row.get("prompt") or "")
+    if m is None or not row["statement"].startswith(row["prompt"]):
+        return None
+    return f"Compared to {m.group(2)}, {m.group(1)}" + row["statement"][len(row["prompt"]):]
+
+
 @torch.no_grad()
 def sentence_logprob(model, tok, texts, batch_size=16) -> np.ndarray:
     """Sum of token log-probabilities of each text (its first token given)."""
@@ -64,6 +80,7 @@ def sentence_logprob(model, tok, texts, batch_size=16) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", choices=("generics", "comparatives"), default="generics")
     ap.add_argument("--limit", type=int, default=0, help="only the first N statements of each split (a smoke run)")
     args = ap.parse_args(argv)
 
@@ -74,20 +91,35 @@ def main(argv=None) -> int:
     from critics.metrics import average_precision
     from critics.probe import lm_features
     from critics.train import critic_config, labelled_splits
+    from i2d2.labels import canonical_statement
     from i2d2.models import load_causal_lm, load_spacy
 
+    comparatives = args.task == "comparatives"
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        c = critic_config(compose(config_name="train").critic)
-    _, texts, ys, (tr, dv, te), _ = labelled_splits(c, list(c["seed_annotations"]))
+        cfg = compose(config_name="train", overrides=["task=comparatives"] if comparatives else [])
+    if comparatives:
+        from i2d2.recipes.comparatives import annotation_paths, critic_cfg
+
+        c = critic_config(critic_cfg(cfg))
+        paths = annotation_paths(cfg)
+    else:
+        c = critic_config(cfg.critic)
+        paths = list(c["seed_annotations"])
+    rows, texts, ys, (tr, dv, te), _ = labelled_splits(c, paths)
     if args.limit:  # a smoke run: the first N statements of each split
         parts = [np.asarray(x[:args.limit]) for x in (tr, dv, te)]
         keep = np.concatenate(parts)
-        texts, ys = [texts[i] for i in keep], ys[keep]
+        rows, texts, ys = [rows[i] for i in keep], [texts[i] for i in keep], ys[keep]
         tr, dv, te = np.split(np.arange(len(keep)), np.cumsum([len(x) for x in parts])[:2])
-    negs = [negate(d) for d in load_spacy().pipe(texts)]
-    neg_texts = [n if n is not None else t for n, t in zip(negs, texts)]
+    if comparatives:  # the twin reads as the critic reads (canonicalised like texts)
+        twins = [swap_entities(r) for r in rows]
+        twins = [canonical_statement(w) if w is not None and c["canonicalize"] else w for w in twins]
+    else:
+        twins = [negate(d) for d in load_spacy().pipe(texts)]
+    neg_texts = [n if n is not None else t for n, t in zip(twins, texts)]
+    cs = "swap s" if comparatives else "not s"
     print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), "
-          f"{sum(n is not None for n in negs)} negated; e.g. {texts[0]!r} -> {neg_texts[0]!r}", flush=True)
+          f"{sum(n is not None for n in twins)} with a twin; e.g. {texts[0]!r} -> {neg_texts[0]!r}", flush=True)
 
     model, tok = load_causal_lm(c["probe_lm"])
     layer, max_len = int(c["probe_layer"]), int(c["max_length"])
@@ -107,13 +139,13 @@ def main(argv=None) -> int:
         return best[0], average_precision(ys[te], best[1].predict_proba(Fs[te])[:, 1])
 
     print(f"{'features':36s} {'dev AP':>7s} {'test AP':>8s}")
-    for name, F in [("h(s)  (the default critic)", X), ("h(s) - h(not s)", X - Xn),
-                    ("h(s) | h(s) - h(not s)", np.concatenate([X, X - Xn], 1)),
-                    ("h(s) | h(not s)", np.concatenate([X, Xn], 1)),
-                    ("h(s) | log P(s) - log P(not s)", np.concatenate([X, margin], 1))]:
+    for name, F in [("h(s)  (the default critic)", X), (f"h(s) - h({cs})", X - Xn),
+                    (f"h(s) | h(s) - h({cs})", np.concatenate([X, X - Xn], 1)),
+                    (f"h(s) | h({cs})", np.concatenate([X, Xn], 1)),
+                    (f"h(s) | log P(s) - log P({cs})", np.concatenate([X, margin], 1))]:
         ap_dev, ap_test = fit(F)
         print(f"{name:36s} {ap_dev:7.3f} {ap_test:8.3f}", flush=True)
-    print(f"{'log P(s) - log P(not s) alone':36s} {average_precision(ys[dv], margin[dv, 0]):7.3f} "
+    print(f"{f'log P(s) - log P({cs}) alone':36s} {average_precision(ys[dv], margin[dv, 0]):7.3f} "
           f"{average_precision(ys[te], margin[te, 0]):8.3f}   (base rate {ys[te].mean():.2f})")
     return 0
 
