@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The checks only a GPU can run (issue 14), prepared to spend a short device lease well. From a session with the
+# device tool, after `PYTHON=.venv/bin/python bash scripts/gpu_wheelhouse.sh` here:
+#   run(command="bash scripts/gpu_checks.sh bench",     carry=[".whl"], timeout_s=420)   # ~3 min after the start
+#   run(command="bash scripts/gpu_checks.sh deepspeed", carry=[".whl"], timeout_s=560)   # ~6 min
+#   bench:     GPU decoding speed, NeuroLogic vs plain beam search (tiny:gpt2, tiny:gpt2-124m; batch 32 and 8) and
+#              the --profile table (CUDA kernels, host syncs and ms per step)
+#   deepspeed: experiment=smoke for two iterations with trainer=gpu (the reference), deepspeed_stage2 and _stage3 on
+#              tiny:gpt2, a _stage2 run killed at its 3rd training step and run again (it resumes from its
+#              checkpoint), _stage2 (the reference) and _stage3 on tiny:gpt2-124m; every saved model reloaded and
+#              compared (scripts/compare_saved_models.py)
+# Everything lands in $OUT (runs/gpu_checks where unset): <part>.log plus JSON, 6 files (the tool returns up to 8).
+# CHECK_DEVICE=cpu runs the same on a CPU (the DeepSpeed stages are then skipped: DeepSpeed refuses a CPU);
+# BENCH_MODELS narrows the benchmark's models (default tiny:gpt2,tiny:gpt2-124m).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:-all}
+OUT=${OUT:-runs/gpu_checks}
+DEV=${CHECK_DEVICE:-cuda}
+MODELS=${BENCH_MODELS:-tiny:gpt2,tiny:gpt2-124m}
+mkdir -p "$OUT"
+export WANDB_MODE=offline HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if [ -d .whl ] && ! "$PY" -c "import hydra, deepspeed, datasets" 2>/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# the project runs from this checkout; where it is not installed, conf/ is linked in as the package i2d2._conf (what
+# an editable install maps; the link is git-ignored)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+"$PY" -c "import i2d2.config" 2>/dev/null || ln -sfn ../conf i2d2/_conf
+"$PY" -c "import i2d2.config" || exit 1
+
+bench() {
+  local log="$OUT/bench.log"
+  { nvidia-smi 2>/dev/null | head -15
+    "$PY" -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', lightning.__version__, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+    for b in 32 8; do
+      echo "== batch $b"
+      "$PY" scripts/bench_decoding.py --models "$MODELS" --device "$DEV" --batch "$b" --repeats 3 --json "$OUT/bench_b$b.json"
+    done
+    echo "== --profile, batch 32"
+    "$PY" scripts/bench_decoding.py --models "$MODELS" --device "$DEV" --batch 32 --profile
+  } > "$log" 2>&1
+  grep -E "^(tiny|device|torch|==)|ops/step" "$log"
+}
+
+timed() {  # run a command, then print its wall time ("<seconds> s")
+  local t0=$SECONDS rc
+  "$@"; rc=$?
+  echo "$((SECONDS - t0)) s (exit $rc)"
+  return $rc
+}
+
+deepspeed_runs() {
+  local log="$OUT/deepspeed.log" runs=/tmp/gpu_checks_runs rc=0
+  rm -rf "$runs"
+  local trainers=(gpu deepspeed_stage2 deepspeed_stage3) big=(deepspeed_stage2 deepspeed_stage3)
+  [ "$DEV" = cpu ] && trainers=(cpu) big=(cpu)
+  {
+    for tr in "${trainers[@]}"; do
+      echo "== tiny:gpt2 trainer=$tr"
+      timed "$PY" -m i2d2.train experiment=smoke trainer="$tr" iteration=0 num_iterations=2 run_dir="$runs/tiny_$tr" || rc=1
+    done
+    # a ZeRO run killed after a training step (before that step's checkpoint) and run again resumes from its last
+    # checkpoint: compared below with the run that was never killed
+    local z=${trainers[1]:-${trainers[0]}}
+    echo "== tiny:gpt2 trainer=$z killed at the 3rd training step (I2D2_FAULT_AT=train_step:3), then run again"
+    I2D2_FAULT_AT=train_step:3 timed "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
+      run_dir="$runs/resumed_$z"
+    timed "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 run_dir="$runs/resumed_$z" || rc=1
+    for tr in "${big[@]}"; do
+      echo "== tiny:gpt2-124m trainer=$tr"
+      timed "$PY" -m i2d2.train experiment=smoke trainer="$tr" model.name=tiny:gpt2-124m iteration=0 num_iterations=2 \
+        run_dir="$runs/124m_$tr" || rc=1
+    done
+    echo "== saved models reloaded (reference: trainer=${trainers[0]})"
+    "$PY" scripts/compare_saved_models.py "${trainers[@]/#/$runs/tiny_}" "$runs/resumed_$z" --start tiny:gpt2 \
+      --json "$OUT/compare_tiny.json" || rc=1
+    "$PY" scripts/compare_saved_models.py "${big[@]/#/$runs/124m_}" --start tiny:gpt2-124m --json "$OUT/compare_124m.json" || rc=1
+  } > "$log" 2>&1
+  grep -E "^==|iteration . done|params|does not load|Error|^[0-9]+ s \(exit" "$log"
+  return $rc
+}
+
+case "$part" in
+  bench) bench ;;
+  deepspeed) deepspeed_runs ;;
+  all) bench; deepspeed_runs ;;
+  *) echo "usage: gpu_checks.sh bench|deepspeed|all" >&2; exit 2 ;;
+esac
