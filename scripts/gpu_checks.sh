@@ -9,7 +9,7 @@
 #              tiny:gpt2, a _stage2 run killed at its 3rd training step and run again (it resumes from its
 #              checkpoint), _stage2 (the reference) and _stage3 on tiny:gpt2-124m; every saved model reloaded and
 #              compared (scripts/compare_saved_models.py)
-# Everything lands in $OUT (runs/gpu_checks where unset): <part>.log plus JSON, 6 files (the tool returns up to 8).
+# Everything lands in $OUT (runs/gpu_checks where unset): <part>.log plus JSON, 7 files (the tool returns up to 8).
 # CHECK_DEVICE=cpu runs the same on a CPU (the DeepSpeed stages are then skipped: DeepSpeed refuses a CPU);
 # BENCH_MODELS narrows the benchmark's models (default tiny:gpt2,tiny:gpt2-124m).
 set -uo pipefail
@@ -75,8 +75,9 @@ deepspeed_runs() {
         run_dir="$runs/124m_$tr" || rc=1
     done
     echo "== saved models reloaded (reference: trainer=${trainers[0]})"
-    "$PY" scripts/compare_saved_models.py "${trainers[@]/#/$runs/tiny_}" "$runs/resumed_$z" --start tiny:gpt2 \
-      --json "$OUT/compare_tiny.json" || rc=1
+    "$PY" scripts/compare_saved_models.py "${trainers[@]/#/$runs/tiny_}" --start tiny:gpt2 --json "$OUT/compare_tiny.json" || rc=1
+    echo "== the killed and resumed run against the same trainer's uninterrupted run"
+    "$PY" scripts/compare_saved_models.py "$runs/tiny_$z" "$runs/resumed_$z" --json "$OUT/compare_resume.json" || rc=1
     "$PY" scripts/compare_saved_models.py "${big[@]/#/$runs/124m_}" --start tiny:gpt2-124m --json "$OUT/compare_124m.json" || rc=1
   } > "$log" 2>&1
   grep -E "^==|iteration . done|params|does not load|Error|^[0-9]+ s \(exit" "$log"

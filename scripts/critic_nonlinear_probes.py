@@ -1,0 +1,77 @@
+#!/usr/bin/env python
+"""Experiment: does a nonlinear classifier on the default critic's features beat its logistic regression?
+
+Same labelled data, splits and layer-``probe_layer`` features as the default critic (``critics.train.train_critic``
+with the default ``critic`` config); each classifier's settings are chosen on dev, test chose nothing. Prints dev and
+test AP of the logistic regression (the default), an RBF SVM and a one-hidden-layer MLP, then the MLP's spread over
+seeds at its chosen settings.
+
+  python scripts/critic_nonlinear_probes.py [--seeds 4]     # ~10 min on 2 CPU cores (the features take most)
+
+README "Which critic" has the numbers: neither beats the linear probe, and the MLP varies with its seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=4, help="MLP seeds for the spread")
+    args = ap.parse_args(argv)
+
+    from hydra import compose, initialize_config_dir
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC
+
+    from critics.metrics import average_precision
+    from critics.probe import lm_features
+    from critics.train import critic_config, labelled_splits
+    from i2d2.models import load_causal_lm
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        c = critic_config(compose(config_name="train").critic)
+    _, texts, ys, (tr, dv, te), _ = labelled_splits(c, list(c["seed_annotations"]))
+    model, tok = load_causal_lm(c["probe_lm"])
+    X = lm_features(model, tok, texts, int(c["probe_layer"]), 32, int(c["max_length"]))
+    X = StandardScaler().fit(X[tr]).transform(X)
+
+    def score(m, idx):
+        return m.predict_proba(X[idx])[:, 1] if hasattr(m, "predict_proba") else m.decision_function(X[idx])
+
+    def best_on_dev(make, grid):
+        fits = [(average_precision(ys[dv], score(m, dv)), g, m) for g in grid for m in [make(g).fit(X[tr], ys[tr])]]
+        return max(fits, key=lambda f: f[0])
+
+    print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test)")
+    print(f"{'classifier':30s} {'chosen on dev':24s} {'dev AP':>7s} {'test AP':>8s}")
+    mlp_grid = [(h, a) for h in (64, 256) for a in (1e-3, 1e-1, 1.0, 10.0)]
+    chosen = {}
+    for name, make, grid in [
+        ("logistic regression (default)", lambda C: LogisticRegression(C=C, max_iter=5000, random_state=0), c["probe_C"]),
+        ("RBF SVM", lambda g: SVC(C=g[0], gamma=g[1], random_state=0),
+         [(C, gm) for C in (0.3, 1, 3, 10) for gm in ("scale", 1e-4, 3e-4)]),
+        ("MLP, one hidden layer", lambda g: MLPClassifier(hidden_layer_sizes=(g[0],), alpha=g[1], early_stopping=True,
+                                                           max_iter=500, random_state=0), mlp_grid)]:
+        ap_dev, g, m = best_on_dev(make, grid)
+        chosen[name] = g
+        print(f"{name:30s} {g!s:24s} {ap_dev:7.3f} {average_precision(ys[te], score(m, te)):8.3f}", flush=True)
+    h, a = chosen["MLP, one hidden layer"]
+    for seed in range(args.seeds):
+        m = MLPClassifier(hidden_layer_sizes=(h,), alpha=a, early_stopping=True, max_iter=500, random_state=seed)
+        m.fit(X[tr], ys[tr])
+        print(f"{f'MLP seed {seed}':30s} {'':24s} {average_precision(ys[dv], score(m, dv)):7.3f} "
+              f"{average_precision(ys[te], score(m, te)):8.3f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
