@@ -103,7 +103,7 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     last_epoch = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
     last_step = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False,
                                 every_n_train_steps=max(1, int(cfg["ckpt_every_n_steps"])))
-    callbacks = [ckpt, last_epoch, last_step, ResumeState(progress),
+    callbacks = [ckpt, last_epoch, last_step, ResumeState(progress, "critic"),
                  PRCurveCallback(out_dir / "epochs", prefix="critic_val", name="critic")]
     if cfg["patience"]:
         callbacks.append(EarlyStopping(monitor=cfg["monitor"], mode="max", patience=int(cfg["patience"])))

@@ -6,7 +6,8 @@ Points (a prefix match, so ``write:generations`` hits ``write:generations.jsonl`
                          the _DONE marker not yet (i2d2.io.run_stage);
   ``write:<file name>``  an atomic write has its temporary file complete but not renamed into place
                          (i2d2.io.atomic_path: tables, markers, shards, checkpoints);
-  ``train_step``         a training step finished, its checkpoint not yet saved (i2d2.resume.ResumeState).
+  ``train_step/<fit>``   a training step of a fit (``finetune``, ``critic``, ``cmp``, ``negverse``) finished, its
+                         checkpoint not yet saved (i2d2.resume.ResumeState); ``train_step`` counts every fit's.
 Unset (the normal case), ``fault_point`` is one dictionary lookup-free comparison: the variable is read once.
 """
 

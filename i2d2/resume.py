@@ -127,10 +127,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 class ResumeState(L.Callback):
     """Counts the batches of the current epoch for ``ResumableLoader``, carries the RNG state through the
-    checkpoint, and is the ``train_step`` fault point (``I2D2_FAULT_AT=train_step:<n>``)."""
+    checkpoint, and is the ``train_step/<name>`` fault point (``I2D2_FAULT_AT=train_step:<n>`` counts the steps of
+    every fit, ``train_step/finetune:<n>`` those of the fits named so)."""
 
-    def __init__(self, progress: EpochProgress | None = None):
+    def __init__(self, progress: EpochProgress | None = None, name: str = "fit"):
         self.progress = progress or EpochProgress()
+        self.fault_name = f"train_step/{name}"
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.progress.epoch != trainer.current_epoch:
@@ -143,7 +145,7 @@ class ResumeState(L.Callback):
         self.progress.batches += 1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        fault_point("train_step")
+        fault_point(self.fault_name)
 
     def state_dict(self) -> dict:
         return {"rng": rng_state()}

@@ -214,7 +214,7 @@ def finetune_trainer(trainer_cfg: Mapping, cfg: Mapping, work_dir: str | Path, l
                             default_root_dir=str(work_dir),
                             use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0,
                             enable_model_summary=False, logger=logger if logger is not None else False,
-                            callbacks=[*callbacks, ResumeState(progress), ckpt])
+                            callbacks=[*callbacks, ResumeState(progress, "finetune"), ckpt])
     return trainer, ckpt
 
 

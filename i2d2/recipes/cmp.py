@@ -97,7 +97,7 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     progress = EpochProgress()
     trainer = build_trainer(
         cfg.trainer, micro_batch=int(pre.batch_size), max_steps=steps, max_epochs=-1,
-        logger=logger if logger is not None else False, callbacks=[ResumeState(progress), ckpt],
+        logger=logger if logger is not None else False, callbacks=[ResumeState(progress, "cmp"), ckpt],
         default_root_dir=str(out_dir),
         val_check_interval=min(int(pre.val_every), steps) * accum, check_val_every_n_epoch=None,
         num_sanity_val_steps=0, enable_checkpointing=True)

@@ -74,7 +74,7 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
                            every_n_train_steps=int(tr.checkpoint_every))
     trainer = build_trainer(
         cfg.trainer, micro_batch=int(tr.batch_size), max_steps=max_steps,
-        max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ResumeState(progress), ckpt],
+        max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ResumeState(progress, "negverse"), ckpt],
         logger=logger if logger is not None else False, default_root_dir=str(out_dir),
         limit_val_batches=int(tr.val_batches), num_sanity_val_steps=0)
     import torch

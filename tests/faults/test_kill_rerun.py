@@ -187,6 +187,14 @@ def test_fault_point_kills_at_the_nth_pass_and_costs_nothing_unset():
     assert p.returncode == 0 and p.stdout.split() == ["0", "1", "2", "3", "4"]
     p = subprocess.run([sys.executable, "-c", code], env=harness.env("train_step"), capture_output=True, text=True)
     assert p.returncode != 0 and "I2D2_FAULT_AT" in p.stderr
+    # a fit's own steps (ResumeState names its point train_step/<fit>); plain train_step counts every fit's
+    code = ("from i2d2.faults import fault_point\nfor i in range(5):\n"
+            "    fault_point('train_step/critic'); fault_point('train_step/finetune'); print(i, flush=True)\n")
+    p = subprocess.run([sys.executable, "-c", code], env=harness.env("train_step/finetune:3"), capture_output=True,
+                       text=True)
+    assert p.returncode == -9 and p.stdout.split() == ["0", "1"]
+    p = subprocess.run([sys.executable, "-c", code], env=harness.env("train_step:3"), capture_output=True, text=True)
+    assert p.returncode == -9 and p.stdout.split() == ["0"]
 
 
 @FAST
