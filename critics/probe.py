@@ -86,6 +86,27 @@ class ProbeCritic:
         return self.score_features(self.features(texts, batch_size, progress))
 
 
+def positive_scores(model, X: np.ndarray) -> np.ndarray:
+    """A fitted scikit-learn classifier's score for the positive class: P(y = 1), or its decision value where it
+    gives no probabilities (an SVM): either ranks for AP."""
+    return model.predict_proba(X)[:, 1] if hasattr(model, "predict_proba") else model.decision_function(X)
+
+
+def best_on_dev(make, grid, X: np.ndarray, ys: np.ndarray, train_idx, dev_idx):
+    """Fit ``make(setting)`` on the train rows of ``X`` for every setting of ``grid``; return (dev AP, setting,
+    fitted model) of the first best on dev, and every setting's (setting, dev AP)."""
+    from critics.metrics import average_precision
+
+    best, tried = None, []
+    for g in grid:
+        m = make(g).fit(X[train_idx], ys[train_idx])
+        ap = average_precision(ys[dev_idx], positive_scores(m, X[dev_idx]))
+        tried.append((g, ap))
+        if best is None or ap > best[0]:
+            best = (ap, g, m)
+    return best, tried
+
+
 def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_idx, model_dir: Path,
               device: str | None = None) -> float:
     """Features of every labelled text, logistic regression on train for each ``probe_C``, the C with the best dev
@@ -94,7 +115,6 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from critics.metrics import average_precision
     from i2d2.io import atomic_dir, write_json
     from i2d2.models import load_causal_lm
 
@@ -105,15 +125,12 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
     X = lm_features(model, tok, texts, layer, int(cfg["eval_batch_size"]), int(cfg["max_length"]))
     sc = StandardScaler().fit(X[train_idx])
     Xs = sc.transform(X)
-    best = None
-    for C in cfg["probe_C"]:
-        clf = LogisticRegression(C=float(C), max_iter=5000, random_state=int(cfg["seed"]))
-        clf.fit(Xs[train_idx], ys[train_idx])
-        ap = average_precision(ys[dev_idx], clf.predict_proba(Xs[dev_idx])[:, 1])
-        log.info("critic probe: C=%g dev AP %.4f", float(C), ap)
-        if best is None or ap > best[0]:
-            best = (ap, float(C), clf)
-    ap, C, clf = best
+    (ap, C, clf), tried = best_on_dev(
+        lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(cfg["seed"])), cfg["probe_C"],
+        Xs, ys, train_idx, dev_idx)
+    for c, a in tried:
+        log.info("critic probe: C=%g dev AP %.4f", float(c), a)
+    C = float(C)
     with atomic_dir(model_dir) as tmp:
         save_file({"mean": sc.mean_.astype(np.float32), "scale": sc.scale_.astype(np.float32),
                    "coef": clf.coef_[0].astype(np.float32), "intercept": clf.intercept_.astype(np.float32)},

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from sklearn.preprocessing import StandardScaler
 
     from critics.metrics import average_precision
-    from critics.probe import lm_features
+    from critics.probe import best_on_dev, lm_features
     from critics.train import critic_config, labelled_splits
     from i2d2.labels import canonical_statement
     from i2d2.models import load_causal_lm, load_spacy
@@ -127,16 +127,12 @@ def main(argv=None) -> int:
     Xn = lm_features(model, tok, neg_texts, layer, 32, max_len)
     margin = (sentence_logprob(model, tok, texts) - sentence_logprob(model, tok, neg_texts))[:, None]
 
-    def fit(F):
-        sc = StandardScaler().fit(F[tr])
-        Fs = sc.transform(F)
-        best = None
-        for C in c["probe_C"]:
-            clf = LogisticRegression(C=float(C), max_iter=5000, random_state=int(c["seed"])).fit(Fs[tr], ys[tr])
-            ap_dev = average_precision(ys[dv], clf.predict_proba(Fs[dv])[:, 1])
-            if best is None or ap_dev > best[0]:
-                best = (ap_dev, clf)
-        return best[0], average_precision(ys[te], best[1].predict_proba(Fs[te])[:, 1])
+    def fit(F):  # the default critic's fit (critics.probe.fit_probe) on other features
+        Fs = StandardScaler().fit(F[tr]).transform(F)
+        (ap_dev, _, clf), _ = best_on_dev(
+            lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(c["seed"])), c["probe_C"],
+            Fs, ys, tr, dv)
+        return ap_dev, average_precision(ys[te], clf.predict_proba(Fs[te])[:, 1])
 
     print(f"{'features':36s} {'dev AP':>7s} {'test AP':>8s}")
     for name, F in [("h(s)  (the default critic)", X), (f"h(s) - h({cs})", X - Xn),

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     from sklearn.svm import SVC
 
     from critics.metrics import average_precision
-    from critics.probe import lm_features
+    from critics.probe import best_on_dev, lm_features, positive_scores
     from critics.train import critic_config, labelled_splits
     from i2d2.models import load_causal_lm
 
@@ -45,11 +45,7 @@ def main(argv=None) -> int:
     X = StandardScaler().fit(X[tr]).transform(X)
 
     def score(m, idx):
-        return m.predict_proba(X[idx])[:, 1] if hasattr(m, "predict_proba") else m.decision_function(X[idx])
-
-    def best_on_dev(make, grid):
-        fits = [(average_precision(ys[dv], score(m, dv)), g, m) for g in grid for m in [make(g).fit(X[tr], ys[tr])]]
-        return max(fits, key=lambda f: f[0])
+        return positive_scores(m, X[idx])
 
     print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test)")
     print(f"{'classifier':30s} {'chosen on dev':24s} {'dev AP':>7s} {'test AP':>8s}")
@@ -61,7 +57,7 @@ def main(argv=None) -> int:
          [(C, gm) for C in (0.3, 1, 3, 10) for gm in ("scale", 1e-4, 3e-4)]),
         ("MLP, one hidden layer", lambda g: MLPClassifier(hidden_layer_sizes=(g[0],), alpha=g[1], early_stopping=True,
                                                            max_iter=500, random_state=0), mlp_grid)]:
-        ap_dev, g, m = best_on_dev(make, grid)
+        (ap_dev, g, m), _ = best_on_dev(make, grid, X, ys, tr, dv)
         chosen[name] = g
         print(f"{name:30s} {g!s:24s} {ap_dev:7.3f} {average_precision(ys[te], score(m, te)):8.3f}", flush=True)
     h, a = chosen["MLP, one hidden layer"]
