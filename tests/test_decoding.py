@@ -274,6 +274,21 @@ def test_seq2seq_decoder():
         assert g.all_satisfied and check(g.text, cs), g.text
 
 
+def test_seq2seq_batch_of_prompts_of_different_lengths():
+    """An encoder-decoder's attention mask is the encoder's (one per prompt): it is reordered with the beams, never
+    grown by a column per step (which broke any batch whose prompts differ in length). Each prompt decodes in a batch
+    as it does alone."""
+    model, tok = tiny_model("bart")
+    dec = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=10, beam_size=4, num_return=2))
+    cs = ConstraintSet([Clause([Literal("dog")]), Clause([Literal("the", False)])])
+    prompts = ["Dogs are loyal companions.", "A dog", "Cats and dogs are pets that people keep at home."]
+    batch = dec.decode(prompts, [cs] * 3)
+    for p, gens in zip(prompts, batch):
+        alone = dec.decode([p], [cs])[0]
+        assert gens and [g.text for g in gens] == [g.text for g in alone]
+        assert [g.score for g in gens] == pytest.approx([g.score for g in alone], abs=1e-4)
+
+
 def test_batching_each_prompt_own_constraints(tiny_gpt2):
     model, tok = tiny_gpt2
     words = ["dog", "water", "people", "often", "cat"]

@@ -720,7 +720,8 @@ class NeuroLogicDecoder:
                 hist[:, t] = tok_next
                 st = new.take(gsel, N * C)
                 cache.reorder_cache(src)
-                am = torch.cat([am[src], torch.ones_like(am[:, :1])], 1)
+                if not self.is_s2s:  # an encoder-decoder's mask is the encoder's: one per prompt, never longer
+                    am = torch.cat([am[src], torch.ones_like(am[:, :1])], 1)
                 if pos is not None:
                     pos = pos[src]
                 logits, cache = self._forward(tok_next, cache, am, pos)
