@@ -5,6 +5,8 @@ import json
 import math
 import re
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -480,6 +482,54 @@ def test_compile_with_a_warm_word_cache_equals_a_cold_compile(tiny_gpt2):
             assert v == w, k
     assert [[vars(li) for li in r] for r in a.lits] == [[vars(li) for li in r] for r in b.lits]
     assert a.node_cont_tok.shape[1] >= 1 and (a.path_tok[:, :, 0] >= 0).all()
+
+
+def test_a_sets_tables_do_not_depend_on_its_batch(tiny_gpt2):
+    """A set's literal tables are built once per distinct set, with set-local word ids the batch maps to its own:
+    read back through the batch's words they are the same alone, first or second in a batch, and beside a set with
+    longer phrases (a shorter literal's letter offsets repeat its total)."""
+    from i2d2.decoding.compile import compile_batch
+
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, DecodingConfig())
+    a = ConstraintSet(clauses=[Clause([Literal("much better than"), Literal("dogs")], positions=[1]),
+                               Clause([Literal("so so good", False), Literal("bad", False)])],
+                      counts=[CountConstraint(["cats", "in the"], 1)],
+                      dynamic=[DynamicClause(["bigger", "faster"], top_k=1)])
+    b = ConstraintSet(clauses=[Clause([Literal("the")], positions=[2]), Clause([Literal("cats", False)])],
+                      counts=[CountConstraint(["and"], 0)])
+
+    def row(cp, i):
+        """Row ``i``'s tables read through the batch's words (and clause / group indices for table columns)."""
+        words = list(cp.words) + ["<other>"]
+        Cl, nc, n = cp.Cl, sum(cp.n_clauses[i]), int(cp.pos_valid[i].sum())
+        kind = lambda c: ("pos", c) if c < Cl else ("neg", c - Cl) if c < 2 * Cl else ("count", c - 2 * Cl)  # noqa: E731
+        dfa = cp.ph_dfa.reshape(cp.B, max(cp.Lph, 1), cp.P, cp.Wc1)[i]
+        lens = cp.pos_len[i, :n].tolist()
+        cl = cp.pos_charlen[i, :n].tolist()
+        return dict(
+            wtab={(words[w], kind(c)): v for (w, c), v in np.ndenumerate(cp.wtab[i].numpy()) if v},
+            wlit={(words[w], c): v for (w, c), v in np.ndenumerate(cp.wlit[i].numpy()) if v >= 0},
+            phrases=[(tuple(words[w] for w in cp.ph_words[i, k].tolist() if w >= 0), cp.ph_gidx[i, k].item(),
+                      {(p, words[w]): v for (p, w), v in np.ndenumerate(dfa[k].numpy()) if v})
+                     for k in range(int((cp.ph_gidx[i] >= 0).sum()))],
+            neg=cp.neg_total[i, :nc].tolist(), has_pos=cp.cl_has_pos[i, :nc].tolist(), pos_len=lens,
+            pos_words=[tuple(words[w] for w in r if w >= 0) for r in cp.pos_words[i, :n].tolist()],
+            pos_clause=cp.pos_clause[i, :n].tolist(), pos_dyn=cp.pos_dyn[i, :n].tolist(),
+            pos_ph=cp.pos_ph[i, :n].tolist(), charlen=[r[: k + 1] for r, k in zip(cl, lens)],
+            charlen_pad_is_total=all(v == r[k] for r, k in zip(cl, lens) for v in r[k:]))
+
+    alone = {"a": row(compile_batch([a], dec.tables, tok, "cpu"), 0),
+             "b": row(compile_batch([b], dec.tables, tok, "cpu"), 0)}
+    for order in (["a", "b"], ["b", "a"], ["b", "b", "a"]):
+        cp = compile_batch([{"a": a, "b": b}[x] for x in order], dec.tables, tok, "cpu")
+        assert cp.Pp == 3
+        for i, x in enumerate(order):
+            assert row(cp, i) == alone[x], (order, i)
+    assert alone["a"]["charlen"][0] == [0.0, 4.0, 10.0, 14.0] and alone["b"]["charlen"] == [[0.0, 3.0]]
+    assert [p[0] for p in alone["a"]["phrases"]] == [("much", "better", "than"), ("so", "so", "good"), ("bad",),
+                                                    ("in", "the")]
+    assert alone["b"]["wtab"] == {("the", ("pos", 0)): 1, ("cats", ("neg", 1)): 1, ("and", ("count", 0)): 1}
 
 
 def test_set_literals_are_reused_by_content_and_never_stale(tiny_gpt2):

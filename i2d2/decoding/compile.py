@@ -63,7 +63,9 @@ class Compiled:
     ph_grp: torch.Tensor  # [B, Lph, G]
     ph_has_neg: bool  # some phrase is a negative literal of a clause (else ph_cl_neg is all zero)
     ph_has_grp: bool  # some phrase is a count word (else ph_grp is all zero); positive phrases: has_pos_phrase
+    ph_track_occ: bool  # some phrase is a literal of a clause (positive or negative): the decoder keeps occurrences
     neg_total: torch.Tensor  # [B, Cl]
+    has_neg: bool  # some clause has a negative literal (else neg_total is all zero)
     grp_max: torch.Tensor  # [B, G]
     cl_valid: torch.Tensor  # [B, Cl]
     cl_has_pos: torch.Tensor
@@ -156,13 +158,14 @@ def _charlen(words: tuple) -> tuple:
     return tuple(out)
 
 
-def _phrase_dfa(words: list, n_words: int) -> np.ndarray:
-    """KMP automaton of one phrase over word ids: ``dfa[p, w]`` for ``p`` words matched and next word ``w``
-    is ``next * 2 + completed``.  After a completion the state is the phrase's longest proper border, so
-    occurrences may overlap ("ha ha" twice in "ha ha ha") and a restart keeps what still matches
-    ("so so good" inside "so so so good").  Any other word (column ``n_words``) resets to 0."""
+@lru_cache(maxsize=1 << 12)
+def _phrase_dfa(words: tuple) -> np.ndarray:
+    """KMP automaton of one phrase: ``dfa[p, j]`` for ``p`` words matched and next word ``words[j]`` is
+    ``next * 2 + completed``.  After a completion the state is the phrase's longest proper border, so occurrences
+    may overlap ("ha ha" twice in "ha ha ha") and a restart keeps what still matches ("so so good" inside
+    "so so so good").  Any word not in the phrase resets to 0 (the batch table's other columns stay 0)."""
     L = len(words)
-    dfa = np.zeros((L, n_words + 1), dtype=np.int64)
+    dfa = np.zeros((L, L), dtype=np.int64)
 
     def longest_prefix_suffix(seq, limit):
         for k in range(min(len(seq), limit), 0, -1):
@@ -171,10 +174,88 @@ def _phrase_dfa(words: list, n_words: int) -> np.ndarray:
         return 0
 
     for p in range(L):
-        for w in set(words):
-            k = longest_prefix_suffix(words[:p] + [w], L)
-            dfa[p, w] = 2 * longest_prefix_suffix(words, L - 1) + 1 if k == L else 2 * k
+        for j, w in enumerate(words):
+            k = longest_prefix_suffix(words[:p] + (w,), L)
+            dfa[p, j] = 2 * longest_prefix_suffix(words, L - 1) + 1 if k == L else 2 * k
+    dfa.setflags(write=False)  # shared through the cache
     return dfa
+
+
+@dataclass(frozen=True)
+class _RowRecord:
+    """What a batch needs of one constraint set's literals that does not depend on the batch (word ids are local:
+    indices into ``words``), built once per distinct set and shared through the cache like ``_row_literals``
+    (its arrays are read-only; ~40 KB for a NeuroComparatives set)."""
+
+    words: tuple  # the set's literal words in first-use order
+    neg_clause: np.ndarray  # clauses with negative literals ...
+    neg_count: np.ndarray  # ... and how many each has
+    pos_clauses: np.ndarray  # clauses with a positive literal
+    # single-word literals (per-word increment tables): word, column = index + kind * Cl (kind 0: a positive literal
+    # of clause index, 1: a negative one, 2: a word of count group index)
+    sw_word: np.ndarray
+    sw_index: np.ndarray
+    sw_kind: np.ndarray
+    first_lit: np.ndarray  # [n, 3] (word, clause, literal): the first positive literal of the clause spelling the word
+    phr: tuple  # literals with their own progress state: phrases, negatives of clauses with several negatives
+    P: int  # most words in one of them
+    pos: tuple  # positive literals (lookahead, progress)
+    Pp: int  # most words in one of them
+    pos_word: np.ndarray  # [n_pos, Pp] words, PAD_WORD after the last
+    pos_ph: np.ndarray  # index into ``phr`` or -1
+    pos_clause: np.ndarray
+    pos_dyn: np.ndarray  # dynamic clause index or -1
+    pos_charlen: np.ndarray  # [n_pos, Pp + 1] letters before each word (the total repeated after the last)
+    prog_word: np.ndarray  # single-word positive literals: word ...
+    prog_clause: np.ndarray  # ... and clause
+
+
+@lru_cache(maxsize=1024)
+def _row_record(clauses: tuple, dynamic: tuple, counts: tuple) -> _RowRecord:
+    """``_RowRecord`` of one constraint set (arguments: ``_row_key``)."""
+    lits = _row_literals(clauses, dynamic, counts)
+    nc = len(clauses)
+    words = tuple(dict.fromkeys(w for li in lits for w in li.words))
+    wid = {w: i for i, w in enumerate(words)}
+    nneg = {}
+    for li in lits:
+        if li.clause >= 0 and not li.positive:
+            nneg[li.clause] = nneg.get(li.clause, 0) + 1
+    phr, pos, sw, first_lit = [], [], [], {}
+    for k, li in enumerate(lits):
+        if li.clause >= 0 and li.positive:
+            pos.append(k)
+        if len(li.words) > 1 or (li.clause >= 0 and not li.positive and nneg[li.clause] > 1):
+            phr.append(k)
+            continue
+        w = wid[li.words[0]]
+        sw.append((w, li.group, 2) if li.group >= 0 else (w, li.clause, 0) if li.positive else (w, li.clause, 1))
+        if li.group < 0 and li.positive:
+            first_lit.setdefault((w, li.clause), k)
+    phpos = {k: j for j, k in enumerate(phr)}
+    pl = [lits[k] for k in pos]
+    Pp = max([len(li.words) for li in pl] + [1])
+    pos_word = np.full((len(pl), Pp), PAD_WORD, dtype=np.int64)
+    pos_charlen = np.zeros((len(pl), Pp + 1), dtype=np.float32)
+    for j, li in enumerate(pl):
+        pos_word[j, : len(li.words)] = [wid[w] for w in li.words]
+        cum = _charlen(li.words)
+        pos_charlen[j] = cum + (cum[-1],) * (Pp - len(li.words))
+    single = [li for li in pl if len(li.words) == 1]
+    arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    sw = arr(sw).reshape(-1, 3)
+    rec = _RowRecord(
+        words=words, neg_clause=arr(list(nneg)), neg_count=arr(list(nneg.values())),
+        pos_clauses=arr(sorted({li.clause for li in pl})), sw_word=sw[:, 0], sw_index=sw[:, 1], sw_kind=sw[:, 2],
+        first_lit=arr([(*wc, k) for wc, k in first_lit.items()]).reshape(-1, 3), phr=tuple(phr),
+        P=max([len(lits[k].words) for k in phr] + [1]), pos=tuple(pos), Pp=Pp, pos_word=pos_word,
+        pos_ph=arr([phpos.get(k, -1) for k in pos]), pos_clause=arr([li.clause for li in pl]),
+        pos_dyn=arr([li.clause - nc if li.dynamic else -1 for li in pl]), pos_charlen=pos_charlen,
+        prog_word=arr([wid[li.words[0]] for li in single]), prog_clause=arr([li.clause for li in single]))
+    for v in vars(rec).values():
+        if isinstance(v, np.ndarray):
+            v.setflags(write=False)
+    return rec
 
 
 @dataclass
@@ -251,13 +332,16 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     """``cache``: a dict kept by the caller across batches (per-word tables, see ``_WordRecord``)."""
     cache = {} if cache is None else cache
     B = len(css)
-    rows = [_row_literals(*_row_key(cs)) for cs in css]
+    rkeys = [_row_key(cs) for cs in css]
+    rows = [_row_literals(*k) for k in rkeys]
+    rrs = [_row_record(*k) for k in rkeys]
     # ---- canonical words and the trie of their surface variants
-    words: dict[str, int] = {}
-    for r in rows:
-        for li in r:
-            for w in li.words:
-                words.setdefault(w, len(words))
+    words: dict[str, int] = {w: i for i, w in enumerate(dict.fromkeys(w for rr in rrs for w in rr.words))}
+    gmaps = {}  # each distinct set's local word ids -> the batch's
+    for k, rr in zip(rkeys, rrs):
+        if k not in gmaps:
+            gmaps[k] = np.fromiter((words[w] for w in rr.words), dtype=np.int64, count=len(rr.words))
+    gmap = [gmaps[k] for k in rkeys]
     wlist = list(words)
     F = tables.num_frags
     recs = []
@@ -352,8 +436,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     cl_maxpos = np.zeros((B, Cl), dtype=np.int64)
     neg_total = np.zeros((B, Cl), dtype=np.int64)
     dyn_topk = np.ones((B, D), dtype=np.int64)
-    phr_rows, pos_rows = [], []
-    for b, (cs, r) in enumerate(zip(css, rows)):
+    for b, (cs, rr, g) in enumerate(zip(css, rrs, gmap)):
         for ci, c in enumerate(list(cs.clauses) + list(cs.dynamic)):
             cl_valid[b, ci] = True
             if c.positions:
@@ -364,41 +447,14 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
                 cl_maxpos[b, ci] = max(int(q) for q in c.positions)
         for di, d in enumerate(cs.dynamic):
             dyn_topk[b, di] = int(d.top_k)
-        for gi, g in enumerate(cs.counts):
-            grp_max[b, gi] = int(g.max_count)
-        nneg = {}
-        for li in r:
-            if li.clause >= 0 and not li.positive:
-                nneg[li.clause] = nneg.get(li.clause, 0) + 1
-        for c, k in nneg.items():
-            neg_total[b, c] = k
-        phr, pos = [], []
-        tw, tcol, first_lit = [], [], {}  # wtab increments; (word, clause) -> the first literal spelling it
-        for li_idx, li in enumerate(r):
-            if li.clause >= 0 and li.positive:
-                cl_has_pos[b, li.clause] = True
-                pos.append(li_idx)
-            if len(li.words) > 1 or (li.clause >= 0 and not li.positive and nneg[li.clause] > 1):
-                phr.append(li_idx)
-                continue
-            w = words[li.words[0]]
-            tw.append(w)
-            if li.group >= 0:
-                tcol.append(2 * Cl + li.group)
-            elif li.positive:
-                tcol.append(li.clause)
-                first_lit.setdefault((w, li.clause), li_idx)
-            else:
-                tcol.append(Cl + li.clause)
-        if tw:
-            np.add.at(wtab[b], (np.asarray(tw), np.asarray(tcol)), 1)
-        if first_lit:
-            wc = np.asarray(list(first_lit))
-            wlit[b, wc[:, 0], wc[:, 1]] = list(first_lit.values())
-        phr_rows.append(phr)
-        pos_rows.append(pos)
-    Lph = max(len(x) for x in phr_rows)
-    P = max([len(r[i].words) for r, ph in zip(rows, phr_rows) for i in ph] + [1])
+        for gi, gr in enumerate(cs.counts):
+            grp_max[b, gi] = int(gr.max_count)
+        neg_total[b, rr.neg_clause] = rr.neg_count
+        cl_has_pos[b, rr.pos_clauses] = True
+        np.add.at(wtab[b], (g[rr.sw_word], rr.sw_index + rr.sw_kind * Cl), 1)
+        wlit[b, g[rr.first_lit[:, 0]], rr.first_lit[:, 1]] = rr.first_lit[:, 2]
+    Lph = max(len(rr.phr) for rr in rrs)
+    P = max([rr.P for rr in rrs if rr.phr] + [1])
     ph_words = np.full((B, max(Lph, 1), P), PAD_WORD, dtype=np.int64)
     ph_len = np.full((B, max(Lph, 1)), PAD_LEN, dtype=np.int64)
     ph_gidx = np.full((B, max(Lph, 1)), -1, dtype=np.int64)
@@ -408,12 +464,13 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     ph_cl_neg = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
     ph_grp = np.zeros((B, max(Lph, 1), G), dtype=np.float32)
     ph_dfa = np.zeros((B, max(Lph, 1), P, Wc1), dtype=np.int64)
-    for b, (r, phr) in enumerate(zip(rows, phr_rows)):
-        for k, li_idx in enumerate(phr):
+    for b, (r, rr) in enumerate(zip(rows, rrs)):
+        for k, li_idx in enumerate(rr.phr):
             li = r[li_idx]
-            ph_words[b, k, : len(li.words)] = np.asarray([words[w] for w in li.words])
-            ph_dfa[b, k, : len(li.words)] = _phrase_dfa([words[w] for w in li.words], Wc1 - 1)
-            ph_len[b, k] = len(li.words)
+            gw = np.fromiter((words[w] for w in li.words), dtype=np.int64, count=len(li.words))
+            ph_words[b, k, : len(gw)] = gw
+            ph_dfa[b, k][: len(gw), gw] = _phrase_dfa(li.words)
+            ph_len[b, k] = len(gw)
             ph_gidx[b, k] = li_idx
             ph_clause[b, k] = li.clause
             if li.group >= 0:
@@ -424,8 +481,8 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
                 ph_cl_neg[b, k, li.clause] = 1
                 ph_neg[b, k] = True
     # positive literals: lookahead and progress
-    Lp = max([len(x) for x in pos_rows] + [1])
-    Pp = max([len(r[i].words) for r, ps in zip(rows, pos_rows) for i in ps] + [1])
+    Lp = max([len(rr.pos) for rr in rrs] + [1])
+    Pp = max(rr.Pp for rr in rrs)
     pos_words = np.full((B, Lp, Pp), PAD_WORD, dtype=np.int64)
     pos_len = np.full((B, Lp), PAD_LEN, dtype=np.int64)
     pos_ph = np.full((B, Lp), -1, dtype=np.int64)
@@ -434,37 +491,23 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     pos_dyn = np.full((B, Lp), -1, dtype=np.int64)
     pos_charlen = np.zeros((B, Lp, Pp + 1), dtype=np.float32)
     node_prog = np.zeros((B, Nn, Cl), dtype=np.float32)
-    # one table write per row and field (a NeuroComparatives row has ~300 positive literals)
-    for b, (cs, r, ps, phr) in enumerate(zip(css, rows, pos_rows, phr_rows)):
-        if not ps:
+    for b, (rr, g) in enumerate(zip(rrs, gmap)):
+        n = len(rr.pos)
+        if not n:
             continue
-        nc = len(cs.clauses)
-        phpos = {li_idx: k for k, li_idx in enumerate(phr)}
-        lis = [r[li_idx] for li_idx in ps]
-        n = len(lis)
-        wk, wj, wv, charlen, prog_w, prog_cl = [], [], [], [], [], []
-        for k, li in enumerate(lis):
-            cum = _charlen(li.words)
-            charlen.append(cum + (cum[-1],) * (Pp - len(li.words)))
-            for j, w in enumerate(li.words):
-                wk.append(k)
-                wj.append(j)
-                wv.append(words[w])
-            if len(li.words) == 1:
-                prog_w.append(words[li.words[0]])
-                prog_cl.append(li.clause)
-        pos_words[b, wk, wj] = wv
-        pos_len[b, :n] = [len(li.words) for li in lis]
-        pos_ph[b, :n] = [phpos.get(li_idx, -1) for li_idx in ps]
+        pw = rr.pos_word
+        pos_words[b, :n, : pw.shape[1]] = np.where(pw >= 0, g[pw.clip(min=0)], PAD_WORD)
+        pos_len[b, :n] = (pw >= 0).sum(1)
+        pos_ph[b, :n] = rr.pos_ph
         pos_valid[b, :n] = True
-        pos_clause[b, :n] = [li.clause for li in lis]
-        pos_dyn[b, :n] = [li.clause - nc if li.dynamic else -1 for li in lis]
-        pos_charlen[b, :n] = charlen
-        if prog_w:
-            pw = np.asarray(prog_w, dtype=np.int64)
+        pos_clause[b, :n] = rr.pos_clause
+        pos_dyn[b, :n] = rr.pos_dyn
+        cl = rr.pos_charlen  # a row with shorter literals than the batch's repeats its totals
+        pos_charlen[b, :n] = np.concatenate([cl, np.repeat(cl[:, -1:], Pp + 1 - cl.shape[1], 1)], 1)
+        if len(rr.prog_word):
+            pw = g[rr.prog_word]
             idx = _ragged(poff[pw], pcnt[pw])
-            np.maximum.at(node_prog[b], (prog_node_all[idx], np.repeat(np.asarray(prog_cl, dtype=np.int64), pcnt[pw])),
-                          prog_frac_all[idx])
+            np.maximum.at(node_prog[b], (prog_node_all[idx], np.repeat(rr.prog_clause, pcnt[pw])), prog_frac_all[idx])
     gen = torch.Generator().manual_seed(1234)
     cl_weight = torch.randint(1, 1 << 58, (Cl,), generator=gen, dtype=torch.long)
     if Cl <= 58:
@@ -477,7 +520,9 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         ph_len=dv(ph_len),
         ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),
         ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp),
-        ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()), neg_total=dv(neg_total), grp_max=dv(grp_max),
+        ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()),
+        ph_track_occ=bool(ph_cl_neg.any() or ph_cl_pos.any()), neg_total=dv(neg_total), has_neg=bool(neg_total.any()),
+        grp_max=dv(grp_max),
         cl_valid=dv(cl_valid), cl_has_pos=dv(cl_has_pos), cl_posmask=dv(cl_posmask), cl_maxpos=dv(cl_maxpos),
         cl_weight=dv(cl_weight), has_order=bool((cl_posmask != 0).any() or (cl_maxpos > 0).any()),
         Lp=Lp, Pp=Pp, pos_words=dv(pos_words), pos_len=dv(pos_len), pos_ph=dv(pos_ph), has_pos_phrase=bool((pos_ph >= 0).any()),

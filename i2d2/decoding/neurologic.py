@@ -30,6 +30,7 @@ import inspect
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from i2d2.schemas import DecodingConfig
@@ -45,24 +46,33 @@ STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done
 # store is emptied before a batch once it holds more entries than this (at most ~100 MB of word tables)
 CACHE_MAX = 20_000
 # per-prompt tables ([N, 1, ...]) the constraint-state update reads against [N, C, ...] candidates
-_CAND_TABLES = ("neg_total", "grp_max", "cl_valid", "cl_has_pos", "cl_posmask", "cl_maxpos", "cl_anypos",
+_CAND_TABLES = ("neg_total", "grp_max", "cl_valid", "cl_has_pos", "cl_rank_ok", "cl_maxpos",
                 "cl_ordered_pos", "cl_neg_only", "cl_not_pos", "cl_invalid", "ph_gcol")
 
 
 def _topk(x, k: int):
-    """``x.topk(k, dim=-1)``.  On a CPU, torch selects by nth_element once 64 * k > n, which for n near 64 * k costs
-    2-3x its partial sort: such rows are padded with -inf up to 64 * k.  Equal values may come out in another
-    order than unpadded, and a -inf pick may name a padding column: indices are clamped to the last real one."""
+    """``x.topk(k, dim=-1)``.  On a CPU, torch selects by nth_element once 64 * k > n, which costs 2-4x its partial
+    sort: there a small k pads the rows with -inf up to 64 * k, and a larger one (the vocabulary's top-50 on a small
+    vocabulary: 0.8 against 0.35 ms on [80, 1000]) selects with numpy's introselect and sorts the k picks.  Equal
+    values may come out in another order than torch's, and a -inf pick may name a padding column: indices are
+    clamped to the last real one."""
     n = x.shape[-1]
-    if x.device.type != "cpu" or not 48 * k <= n < 64 * k:
+    if x.device.type != "cpu" or 64 * k <= n or k >= n:
         return x.topk(k, dim=-1)
-    v, i = torch.cat([x, x.new_full((*x.shape[:-1], 64 * k - n), NEG)], -1).topk(k, dim=-1)
-    return v, i.clamp(max=n - 1)
+    if k <= 12 or x.dtype not in (torch.float32, torch.float64):
+        v, i = torch.cat([x, x.new_full((*x.shape[:-1], 64 * k - n), NEG)], -1).topk(k, dim=-1)
+        return v, i.clamp(max=n - 1)
+    idx = torch.from_numpy(np.argpartition(x.numpy(), n - k, axis=-1)[..., n - k:])
+    v, o = x.gather(-1, idx).sort(dim=-1, descending=True)
+    return v, idx.gather(-1, o)
 
 
 def _take(table, idx):
     """``table[idx]`` for a non-negative integer index tensor of any shape (no wrap-around of -1), as one
-    ``index_select``: on a CPU advanced indexing costs 2-3x more per call, and the step makes dozens of lookups."""
+    ``index_select``: on a CPU advanced indexing costs 2-3x more per call, and the step makes dozens of lookups (a
+    1-D index skips the two reshapes, which cost more than the lookup itself)."""
+    if idx.dim() == 1:
+        return table.index_select(0, idx)
     return table.index_select(0, idx.reshape(-1)).reshape(*idx.shape, *table.shape[1:])
 
 
@@ -291,6 +301,12 @@ class NeuroLogicDecoder:
         nxt = ((first + (dfa >> 1)) * W2) * 2 + (dfa & 1)
         return torch.cat([nxt, row * W2 * 2], 1).reshape(-1)
 
+    @staticmethod
+    def _rank_ok(lt, rank):
+        """[N, C, Cl] whether each clause may be satisfied as the ``rank``-th (its ``positions``): one lookup in the
+        per-rank table (rank <= Cl: a rank counts satisfied clauses)."""
+        return lt["cl_rank_ok"].gather(3, rank[..., None]).squeeze(3)
+
     def _advance(self, cp: Compiled, lt, st: _State, cand, step: int, final: bool):
         """Advance the constraint state of every (hypothesis, candidate token) pair."""
         N, C = cand.shape
@@ -309,32 +325,39 @@ class NeuroLogicDecoder:
             lit = torch.where(lits[e] >= 0, lits[e], lit)
         cmatch = torch.where(st.cmatch[:, None, :] < 0, lit, st.cmatch[:, None, :])
         cpos = st.cpos[:, None, :] + inc[..., :Cl]
-        cneg = st.cneg[:, None, :] + inc[..., Cl:2 * Cl]
+        has_neg = cp.has_neg  # without negative literals cneg stays 0 and no clause holds by absence
+        cneg = st.cneg[:, None, :] + inc[..., Cl:2 * Cl] if has_neg else None
         gcnt = st.gcnt[:, None, :] + inc[..., 2 * Cl:]
         # with one event a step, every clause satisfied in it is hit at event 0: the clause index alone ranks them
         by_pos = cp.has_order and E > 1
-        if by_pos:  # event index at which each clause first gets a positive hit (E: none)
-            cum = (st.cpos[:, None, :] + d[..., :Cl].cumsum(0)) > 0
-            hit_e = torch.where(cum[E - 1], E - 1, E)
+        if by_pos:  # event index at which each clause first gets a positive hit (E: none); after the last event
+            # the count is cpos, after event e the running sum
+            hit_e = torch.where(cpos > 0, E - 1, E)
+            part, hit_by = st.cpos[:, None, :], []
+            for e in range(E - 1):
+                part = part + d[e, ..., :Cl]
+                hit_by.append(part > 0)
             for e in range(E - 2, -1, -1):
-                hit_e = torch.where(cum[e], e, hit_e)
+                hit_e = torch.where(hit_by[e], e, hit_e)
         # phrases (and negatives of clauses with several negatives): per-literal KMP progress
         if cp.Lph:
             Lph, B, K = cp.Lph, cp.B, N // cp.B
             ph_state = st.ph_state[:, None, :]
-            occ0 = st.ph_occ[:, None, :]
-            occ = occ0
+            n_comp = None  # completions of each phrase in this step
             ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
             pcol = torch.where(ev == NO_EVENT, cp.Wc1, col)  # no word leaves a phrase's progress as it is
             for e in range(E):
                 ph_state, comp = self._phrase_step(lt, ph_state, pcol[e])
-                occ = occ + comp
+                n_comp = comp if n_comp is None else n_comp + comp
                 if by_pos and cp.has_pos_phrase:
                     hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
             # phrases count for clauses (positive / negative literals) and count groups: each table only where the
-            # batch has such phrases (NeuroComparatives' phrases are count-only)
-            if cp.has_pos_phrase or cp.ph_has_neg:  # phrases that occur for the first time
+            # batch has such phrases (NeuroComparatives' phrases are count-only: no occurrence state, their
+            # completions go straight to their groups)
+            if cp.ph_track_occ:  # phrases that occur for the first time
+                occ0 = st.ph_occ[:, None, :]
+                occ = occ0 + n_comp
                 newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
             if cp.has_pos_phrase:
                 cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
@@ -347,13 +370,12 @@ class NeuroLogicDecoder:
             if cp.ph_has_neg:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             if cp.ph_has_grp:
-                gcnt = gcnt + self._group_counts(cp, lt, occ - occ0)
-            ph_occ = occ.clamp(max=1 << 20)
+                gcnt = gcnt + self._group_counts(cp, lt, n_comp)
+            ph_occ = occ.clamp(max=1 << 20) if cp.ph_track_occ else None
         else:
             ph_state = ph_occ = None
         # clause level
         pos_hit = cpos > 0
-        neg_absent = cneg < lt["neg_total"]
         count_viol = (gcnt > lt["grp_max"]).any(-1)
         crank = st.crank[:, None, :]
         newly = pos_hit & (crank == 0) & lt["cl_valid"]
@@ -366,17 +388,18 @@ class NeuroLogicDecoder:
             rank = rank.permute(1, 2, 0).contiguous()
         else:
             rank = st.rctr[:, None, None] + newly.cumsum(-1)
-        pm = lt["cl_posmask"]
-        allowed = lt["cl_anypos"] | (((pm >> rank.clamp(max=62)) & 1) == 1)
-        bad_new = newly & ~allowed
+        bad_new = newly & ~self._rank_ok(lt, rank)
         crank = torch.where(newly, rank, crank.expand_as(newly))
         rctr = st.rctr[:, None] + newly.sum(-1)
         cbad = st.cbad[:, None, :] | bad_new
-        sat = (pos_hit & ~cbad) | neg_absent
+        sat = pos_hit & ~cbad
+        if has_neg:
+            sat |= cneg < lt["neg_total"]
         mp = lt["cl_maxpos"]
-        passed = lt["cl_ordered_pos"] & ~sat & (mp <= rctr[..., None])
+        unsat = ~sat
+        passed = lt["cl_ordered_pos"] & unsat & (mp <= rctr[..., None])
         valid_cl = lt["cl_valid"]
-        violated = (lt["cl_neg_only"] & ~sat).any(-1) | count_viol | bad_new.any(-1) | passed.any(-1)
+        violated = ((lt["cl_neg_only"] & unsat) | bad_new | passed).any(-1) | count_viol
         satv = sat & valid_cl
         if not final:
             # The pending (unfinished) word is only known to be complete at the next separator.  For ranking it
@@ -389,11 +412,11 @@ class NeuroLogicDecoder:
             t_col = torch.where(w_end >= 0, w_end, wl)
             d = _take(lt["wtab"], t_col + lt["rowoff"])
             tpos = cpos + d[..., :Cl]
-            tneg = cneg + d[..., Cl:2 * Cl]
+            tneg = cneg + d[..., Cl:2 * Cl] if has_neg else None
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
                 _, tcomp = self._phrase_step(lt, ph_state, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
-                if cp.has_pos_phrase or cp.ph_has_neg:
+                if cp.ph_track_occ:
                     tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
                 if cp.has_pos_phrase:
                     tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
@@ -404,19 +427,23 @@ class NeuroLogicDecoder:
             t_hit = tpos > 0
             t_new = t_hit & (crank == 0) & valid_cl
             t_rank = rctr[..., None] + t_new.cumsum(-1)
-            t_bad = t_new & ~(lt["cl_anypos"] | (((pm >> t_rank.clamp(max=62)) & 1) == 1))
-            tsat = ((t_hit & ~(cbad | t_bad)) | (tneg < lt["neg_total"])) & valid_cl
+            t_bad = t_new & ~self._rank_ok(lt, t_rank)
+            tsat = t_hit & ~(cbad | t_bad)
+            if has_neg:
+                tsat |= tneg < lt["neg_total"]
+            tsat &= valid_cl
             t_rctr = rctr + t_new.sum(-1)
-            t_passed = lt["cl_ordered_pos"] & ~tsat & (mp <= t_rctr[..., None])
-            risky = ((lt["cl_neg_only"] & ~tsat).any(-1) | (tg > lt["grp_max"]).any(-1)
-                     | t_bad.any(-1) | t_passed.any(-1))
+            t_unsat = ~tsat
+            t_passed = lt["cl_ordered_pos"] & t_unsat & (mp <= t_rctr[..., None])
+            risky = ((lt["cl_neg_only"] & t_unsat) | t_bad | t_passed).any(-1) | (tg > lt["grp_max"]).any(-1)
         else:
             tsat = satv
             risky = torch.zeros_like(count_viol)
         pos_ok = (satv | lt["cl_not_pos"]).all(-1)
         all_sat = (satv | lt["cl_invalid"]).all(-1) & ~count_viol
         new = _State(node=node, ph_state=ph_state, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
-                     cneg=cneg.clamp(max=1 << 20), gcnt=gcnt.clamp(max=1 << 20), cmatch=cmatch.expand(N, C, Cl),
+                     cneg=cneg.clamp(max=1 << 20) if has_neg else None, gcnt=gcnt.clamp(max=1 << 20),
+                     cmatch=cmatch.expand(N, C, Cl),
                      crank=crank, rctr=rctr, cbad=cbad, sat=satv)
         return new, violated, pos_ok, all_sat, risky, tsat
 
@@ -482,7 +509,7 @@ class NeuroLogicDecoder:
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
         want = torch.zeros(N, cp.Wc1, dtype=torch.long, device=lp.device)  # [N, word]: some literal needs it
         want.scatter_add_(1, words, need.long())
-        cont = _take(cp.node_cont_tok, st.node)
+        cont = _take(lt["cont_tok"], st.node)
         cword = _take(cp.node_cont_word, st.node)
         cont_ok = (cword >= 0) & (want.gather(1, cword.clamp(min=0)) > 0)
         if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
@@ -508,20 +535,24 @@ class NeuroLogicDecoder:
             start_ok = start_ok[:, None, :]
             started_start = (torch.zeros_like(start, dtype=torch.bool) if started_start is None
                              else started_start[:, None, :].expand_as(start))
-        toks = torch.cat([torch.where(start_ok, start, -1).reshape(N, -1), torch.where(cont_ok, cont, -1)], -1)
+        # every column holds a real token (a word's path always has a first token; a continuation column without
+        # one reads token 0): whether it is proposed is ``prop`` alone
+        toks = torch.cat([start.reshape(N, -1), cont], -1)
+        prop = torch.cat([start_ok.expand_as(start).reshape(N, -1), cont_ok], -1)
         # the next token of a literal already under way (inside its word, or the next word of a started phrase)
         # is never pruned, as in the original NeuroLogic: otherwise long words ("typically" = 4 tokens on a
         # small vocabulary) are started and dropped
         started = torch.cat([started_start.reshape(N, -1), cont_ok], -1)
-        tlp = lp.gather(1, toks.clamp(min=0))
-        # a banned token (log-prob -inf) keeps key -inf, started or not
-        good = (toks >= 0) & ((tlp >= thresh[:, None]) | started)
-        key = torch.where(good, tlp + started * _KEEP_FIRST, NEG)  # started literals take the first slots
+        tlp = lp.gather(1, toks)
+        # started literals take the first slots; a banned token (log-prob -inf) keeps key -inf, started or not
+        key = torch.where(prop, torch.where(started, tlp + _KEEP_FIRST, torch.where(tlp >= thresh[:, None], tlp, NEG)),
+                          NEG)
         a = min(A, tlp.shape[1])
         # equal keys are copies of one token or -inf (not proposed): their order changes nothing (short of two
         # tokens with exactly equal log-probs)
         v, i = _topk(key, a)
-        return toks.gather(1, i), torch.isfinite(v)
+        ok = torch.isfinite(v)
+        return torch.where(ok, toks.gather(1, i), -1), ok
 
     # ------------------------------------------------------------------ search
     def _decode_batch(self, prompts, css):
@@ -547,6 +578,7 @@ class NeuroLogicDecoder:
             "inner_ev": self._inner_events(cp),
             # [V] the trie node a token's text after its last separator reaches from the root (-> DEAD if none)
             "tail_node": self._lookup(cp, torch.zeros_like(self.t_tail), self.t_tail),
+            "cont_tok": cp.node_cont_tok.clamp(min=0),  # a column with no continuation (word -3) is never proposed
             "cl_index": torch.arange(Cl, device=d),
             "neg_total": cp.neg_total[rep][:, None, :],
             "grp_max": cp.grp_max[rep][:, None, :],
@@ -571,7 +603,10 @@ class NeuroLogicDecoder:
         }
         # clause masks the step reads as they are (each saves a few ops per step)
         cv, has_pos = lt["cl_valid"], lt["cl_has_pos"]
-        lt.update(cl_anypos=lt["cl_posmask"] == 0, cl_ordered_pos=has_pos & (lt["cl_maxpos"] > 0),
+        # [N, 1, Cl, Cl + 1]: clause c may be the r-th satisfied (bit r of its positions mask; no mask: any rank)
+        pm = lt.pop("cl_posmask")[..., None]
+        rank_ok = (pm == 0) | (((pm >> torch.arange(Cl + 1, device=d).clamp(max=62)) & 1) == 1)
+        lt.update(cl_rank_ok=rank_ok, cl_ordered_pos=has_pos & (lt["cl_maxpos"] > 0),
                   cl_neg_only=cv & ~has_pos, cl_not_pos=~has_pos | ~cv, cl_invalid=~cv)
         # a dynamic clause's k-th best literal score: one top-k of the widest k, then each clause's own k-th
         lt["dyn_kk"] = min(max(cp.dyn_kmax), cp.Lp)
@@ -592,8 +627,9 @@ class NeuroLogicDecoder:
         has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
         ph_start = (rep[:, None] * max(Lph, 1) + torch.arange(Lph, device=d)) * cp.P * (cp.Wc1 + 1)
-        st = _State(node=z(N), ph_state=ph_start if Lph else None, ph_occ=z(N, Lph) if Lph else None,
-                    cpos=z(N, Cl), cneg=z(N, Cl), gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1, crank=z(N, Cl), rctr=z(N),
+        st = _State(node=z(N), ph_state=ph_start if Lph else None, ph_occ=z(N, Lph) if cp.ph_track_occ else None,
+                    cpos=z(N, Cl), cneg=z(N, Cl) if cp.has_neg else None, gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1,
+                    crank=z(N, Cl), rctr=z(N),
                     cbad=torch.zeros(N, Cl, dtype=torch.bool, device=d),
                     sat=(cp.neg_total[rep] > 0) & cp.cl_valid[rep])  # negative clauses hold on the empty text
         cum = torch.full((N,), NEG, device=d)
@@ -615,6 +651,7 @@ class NeuroLogicDecoder:
 
         with torch.inference_mode():
             logits, cache, am, pos = self._prefill(prompts, K)
+            ones_col = torch.ones_like(am[:, :1])  # each step's new attention-mask column
             for t in range(T_max):
                 final = t == T_max - 1
                 lp = torch.log_softmax(logits.float(), -1) + self.bias
@@ -622,7 +659,7 @@ class NeuroLogicDecoder:
                     lp = lp + self.end_block
                 if n_gram and t >= n_gram:
                     lp = self._ban_ngrams(lp, hist[:, : t], n_gram)
-                topv, topi = lp.topk(max(M, PF), dim=1)
+                topv, topi = _topk(lp, max(M, PF))
                 thresh = topv[:, PF - 1]
                 cand = topi[:, :M]
                 cvalid = torch.isfinite(topv[:, :M])
@@ -641,6 +678,10 @@ class NeuroLogicDecoder:
                     # of Cl costs 5-10x more than the op itself)
                     for k in _CAND_TABLES:
                         lt[k] = lt[k].expand(N, C, *lt[k].shape[2:]).contiguous()
+                    KC = K * C
+                    ar = torch.arange(KC, device=d).expand(B, KC)  # candidate positions in a prompt's row
+                    ar_eos = ar + KC  # an EOS candidate's position when hypotheses to continue are picked
+                    row_off = ar_B[:, None] * KC  # each prompt's first candidate in the flat [N * C]
                 clp = cum[:, None] + lp.gather(1, cand)
                 clp = torch.where(cvalid, clp, NEG)
                 new, violated, pos_ok, all_sat, risky, tsat = self._advance(cp, lt, st, cand, t, final)
@@ -654,7 +695,6 @@ class NeuroLogicDecoder:
                 nsat = tsat.sum(-1)
                 group = (tsat.long() * cp.cl_weight).sum(-1)
                 # ---- selection per prompt row
-                KC = K * C
                 f_clp = clp.reshape(B, KC)
                 fin_ok = torch.isfinite(f_clp)
                 f_viol = violated.reshape(B, KC)
@@ -673,7 +713,6 @@ class NeuroLogicDecoder:
                 o2 = g_o.argsort(dim=1, stable=True)
                 o = o_sc.gather(1, o2)
                 gs = g_o.gather(1, o2)
-                ar = torch.arange(KC, device=d).expand(B, KC)
                 start_flag = torch.ones_like(gs, dtype=torch.bool)
                 start_flag[:, 1:] = gs[:, 1:] != gs[:, :-1]
                 start_pos = torch.where(start_flag, ar, 0).cummax(1).values
@@ -688,13 +727,13 @@ class NeuroLogicDecoder:
                     fin_pick = o[:, :min(max(K, R), KC)]
                     fin_mask = tier.gather(1, fin_pick) < 4
                 else:
-                    keypos = torch.where(f_eos, ar + KC, ar)
+                    keypos = torch.where(f_eos, ar_eos, ar)
                     sel = o.gather(1, keypos.topk(K, dim=1, largest=False).indices.sort(1).values)
                     fin_pick = o[:, :K]
                     fin_mask = f_eos[:, :K] & (tier.gather(1, fin_pick) <= 2)
                 fin_mask &= ~done[:, None]
                 # ---- finished hypotheses -> pool
-                gidx = (ar_B[:, None] * KC + fin_pick).reshape(-1)  # into N*C
+                gidx = (row_off + fin_pick).reshape(-1)  # into N*C
                 seq = _take(hist, gidx // C)
                 tokc = _take(cand.reshape(-1), gidx)
                 seq[:, t] = tokc
@@ -705,14 +744,15 @@ class NeuroLogicDecoder:
                 Kf = fin_pick.shape[1]
                 fin.append((seq, lpn, S, n_tok, allf, _take(new.sat.reshape(N * C, -1), gidx),
                             _take(new.cmatch.reshape(N * C, -1), gidx),
-                            _take(new.ph_occ.reshape(N * C, -1), gidx) if Lph else torch.zeros_like(tokc)[:, None]))
+                            _take(new.ph_occ.reshape(N * C, -1), gidx) if cp.ph_track_occ
+                            else torch.zeros_like(tokc)[:, None]))
                 if cfg.early_stopping:
                     n_done = n_done + (allf & torch.isfinite(S)).reshape(B, Kf).sum(1)
                     done = n_done >= R
                 if final or (cfg.early_stopping and (t + 1) % STOP_CHECK_EVERY == 0 and bool(done.all())):
                     break
                 # ---- advance beams
-                gsel = (ar_B[:, None] * KC + sel).reshape(-1)
+                gsel = (row_off + sel).reshape(-1)
                 src = gsel // C
                 tok_next = _take(cand.reshape(-1), gsel)
                 cum = _take(clp.reshape(-1), gsel)
@@ -721,9 +761,9 @@ class NeuroLogicDecoder:
                 st = new.take(gsel, N * C)
                 cache.reorder_cache(src)
                 if not self.is_s2s:  # an encoder-decoder's mask is the encoder's: one per prompt, never longer
-                    am = torch.cat([am[src], torch.ones_like(am[:, :1])], 1)
+                    am = torch.cat([_take(am, src), ones_col], 1)
                 if pos is not None:
-                    pos = pos[src]
+                    pos = _take(pos, src)
                 logits, cache = self._forward(tok_next, cache, am, pos)
                 if pos is not None:
                     pos = pos + 1
