@@ -517,7 +517,9 @@ def test_a_sets_tables_do_not_depend_on_its_batch(tiny_gpt2):
             pos_words=[tuple(words[w] for w in r if w >= 0) for r in cp.pos_words[i, :n].tolist()],
             pos_clause=cp.pos_clause[i, :n].tolist(), pos_dyn=cp.pos_dyn[i, :n].tolist(),
             pos_ph=cp.pos_ph[i, :n].tolist(), charlen=[r[: k + 1] for r, k in zip(cl, lens)],
-            charlen_pad_is_total=all(v == r[k] for r, k in zip(cl, lens) for v in r[k:]))
+            charlen_pad_is_total=all(v == r[k] for r, k in zip(cl, lens) for v in r[k:]),
+            prog={(prefix, c): cp.node_prog[i, node, c].item() for prefix, node in zip(*_trie_nodes(cp))
+                  for c in range(nc) if cp.node_prog[i, node, c] > 0})
 
     alone = {"a": row(compile_batch([a], dec.tables, tok, "cpu"), 0),
              "b": row(compile_batch([b], dec.tables, tok, "cpu"), 0)}
@@ -586,13 +588,15 @@ def _trie_nodes(cp):
     return list(out), list(out.values())
 
 
-def test_padded_topk_matches_torch_topk():
-    """The CPU top-k that pads rows onto torch's partial-sort path returns torch's values, and indices that name
-    those values inside the input, also where fewer than k entries are finite."""
+def test_cpu_topk_matches_torch_topk():
+    """The CPU top-k off torch's nth-element path (64 k > n) returns torch's values, and indices that name those
+    values inside the input, also where fewer than k entries are finite: a small k pads rows onto torch's partial
+    sort, a larger one (the vocabulary's top-50 on a small vocabulary) selects with numpy, also on a 3-D,
+    non-contiguous or gradient-tracking input."""
     from i2d2.decoding.neurologic import _topk
 
     g = torch.Generator().manual_seed(0)
-    for n, k in ((292, 5), (619, 10), (100, 10), (20, 3)):
+    for n, k in ((292, 5), (619, 10), (100, 10), (20, 3), (1000, 50), (300, 20), (40, 40)):
         x = torch.randn(6, n, generator=g)
         x[0, 3:] = float("-inf")  # a row with 3 finite entries
         x[1] = float("-inf")
@@ -600,3 +604,8 @@ def test_padded_topk_matches_torch_topk():
         want = x.topk(k, dim=-1).values
         assert torch.equal(v, want), (n, k)
         assert int(i.max()) < n and torch.equal(x.gather(1, i), v), (n, k)
+        if k > 12:  # distinct values: the indices are torch's too
+            assert torch.equal(i[2:], x[2:].topk(k, dim=-1).indices), (n, k)
+    x = torch.randn(4, 3, 700, generator=g).transpose(0, 1).requires_grad_()
+    v, i = _topk(x, 30)
+    assert torch.equal(v, x.detach().topk(30, dim=-1).values) and torch.equal(i, x.detach().topk(30, dim=-1).indices)
