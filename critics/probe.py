@@ -107,6 +107,17 @@ def best_on_dev(make, grid, X: np.ndarray, ys: np.ndarray, train_idx, dev_idx):
     return best, tried
 
 
+def probe_lm_features(cfg: dict, texts: Sequence[str], device: str | None = None):
+    """The probe's LM (``probe_lm``, on ``device``) and its features of ``texts`` as the critic reads them (layer
+    ``probe_layer``, ``eval_batch_size``, ``max_length``): (features, model, tokenizer)."""
+    from i2d2.models import load_causal_lm
+
+    model, tok = load_causal_lm(cfg["probe_lm"])
+    model = model.to(device or resolve_device(None))
+    X = lm_features(model, tok, texts, int(cfg["probe_layer"]), int(cfg["eval_batch_size"]), int(cfg["max_length"]))
+    return X, model, tok
+
+
 def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_idx, model_dir: Path,
               device: str | None = None) -> float:
     """Features of every labelled text, logistic regression on train for each ``probe_C``, the C with the best dev
@@ -116,13 +127,10 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
     from sklearn.preprocessing import StandardScaler
 
     from i2d2.io import atomic_dir, write_json
-    from i2d2.models import load_causal_lm
 
     t0 = time.time()
-    model, tok = load_causal_lm(cfg["probe_lm"])
-    model = model.to(device or resolve_device(None))
     layer = int(cfg["probe_layer"])
-    X = lm_features(model, tok, texts, layer, int(cfg["eval_batch_size"]), int(cfg["max_length"]))
+    X, _, _ = probe_lm_features(cfg, texts, device)
     sc = StandardScaler().fit(X[train_idx])
     Xs = sc.transform(X)
     (ap, C, clf), tried = best_on_dev(

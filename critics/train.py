@@ -50,6 +50,19 @@ def critic_config(cfg_critic) -> dict:
     return out
 
 
+def default_critic_data():
+    """The default critic's config (``critic`` of conf/train.yaml) and its labelled data as ``train_critic`` splits
+    it: (config, rows, texts, labels, (train, dev, test)). For experiments on the default critic (scripts/critic_*)."""
+    from hydra import compose, initialize_config_dir
+
+    from i2d2.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        c = critic_config(compose(config_name="train").critic)
+    rows, texts, ys, splits, _ = labelled_splits(c, list(c["seed_annotations"]))
+    return c, rows, texts, ys, splits
+
+
 def fingerprint_view(cfg_critic: dict) -> dict:
     """The critic config as stage fingerprints read it: ``lora`` only when it is on, so that a run from before
     critic LoRA existed keeps its fingerprints (no retraining on resume) and a probe's ignores a setting it never uses."""

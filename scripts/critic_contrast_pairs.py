@@ -89,10 +89,10 @@ def main(argv=None) -> int:
     from sklearn.preprocessing import StandardScaler
 
     from critics.metrics import average_precision
-    from critics.probe import best_on_dev, lm_features
+    from critics.probe import best_on_dev, lm_features, probe_lm_features
     from critics.train import critic_config, labelled_splits
     from i2d2.labels import canonical_statement
-    from i2d2.models import load_causal_lm, load_spacy
+    from i2d2.models import load_spacy
 
     comparatives = args.task == "comparatives"
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -121,10 +121,8 @@ def main(argv=None) -> int:
     print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), "
           f"{sum(n is not None for n in twins)} with a twin; e.g. {texts[0]!r} -> {neg_texts[0]!r}", flush=True)
 
-    model, tok = load_causal_lm(c["probe_lm"])
-    layer, max_len = int(c["probe_layer"]), int(c["max_length"])
-    X = lm_features(model, tok, texts, layer, 32, max_len)
-    Xn = lm_features(model, tok, neg_texts, layer, 32, max_len)
+    X, model, tok = probe_lm_features(c, texts)
+    Xn = lm_features(model, tok, neg_texts, int(c["probe_layer"]), int(c["eval_batch_size"]), int(c["max_length"]))
     margin = (sentence_logprob(model, tok, texts) - sentence_logprob(model, tok, neg_texts))[:, None]
 
     def fit(F):  # the default critic's fit (critics.probe.fit_probe) on other features

@@ -28,20 +28,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
-    from hydra import compose, initialize_config_dir
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     from critics.metrics import average_precision
-    from critics.probe import best_on_dev, lm_features, positive_scores
-    from critics.train import critic_config, labelled_splits
-    from i2d2.models import load_causal_lm
+    from critics.probe import best_on_dev, positive_scores, probe_lm_features
+    from critics.train import default_critic_data
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        c = critic_config(compose(config_name="train").critic)
-    rows, texts, ys, (tr, dv, te), _ = labelled_splits(c, list(c["seed_annotations"]))
-    model, tok = load_causal_lm(c["probe_lm"])
-    X = lm_features(model, tok, texts, int(c["probe_layer"]), int(c["eval_batch_size"]), int(c["max_length"]))
+    c, rows, texts, ys, (tr, dv, te) = default_critic_data()
+    X, _, _ = probe_lm_features(c, texts)
     concepts = np.array([r["concept"] for r in rows])
     train_concepts = np.array(sorted(set(concepts[tr])))
     tr = np.asarray(tr)

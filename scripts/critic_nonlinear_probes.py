@@ -26,22 +26,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=4, help="MLP seeds for the spread")
     args = ap.parse_args(argv)
 
-    from hydra import compose, initialize_config_dir
     from sklearn.linear_model import LogisticRegression
     from sklearn.neural_network import MLPClassifier
     from sklearn.preprocessing import StandardScaler
     from sklearn.svm import SVC
 
     from critics.metrics import average_precision
-    from critics.probe import best_on_dev, lm_features, positive_scores
-    from critics.train import critic_config, labelled_splits
-    from i2d2.models import load_causal_lm
+    from critics.probe import best_on_dev, positive_scores, probe_lm_features
+    from critics.train import default_critic_data
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        c = critic_config(compose(config_name="train").critic)
-    _, texts, ys, (tr, dv, te), _ = labelled_splits(c, list(c["seed_annotations"]))
-    model, tok = load_causal_lm(c["probe_lm"])
-    X = lm_features(model, tok, texts, int(c["probe_layer"]), 32, int(c["max_length"]))
+    c, _, texts, ys, (tr, dv, te) = default_critic_data()
+    X, _, _ = probe_lm_features(c, texts)
     X = StandardScaler().fit(X[tr]).transform(X)
 
     def score(m, idx):
