@@ -36,7 +36,7 @@ def gpt2():
     yield model, tok
 
 
-# ------------------------------------------------------------------ phrases whose first words repeat (KMP)
+# ------------------------------------------------------------------ phrases whose first words repeat (the phrase automaton)
 def test_forbidden_phrase_with_repeated_first_word_is_caught(gpt2):
     """'so so dog' is forbidden; the model wants 'so so so dog.'.  A matcher that restarts without backtracking
     misses the phrase there and reports the text satisfied."""
@@ -83,6 +83,31 @@ def test_count_limit_counts_overlapping_phrase_occurrences(gpt2):
         assert any(g.all_satisfied for g in gens)
     finally:
         h.remove()
+
+
+def test_phrase_automaton_matches_a_direct_count():
+    """One automaton state stands for every phrase of a prompt: on random texts over a small vocabulary (phrases
+    that overlap, repeat their first words or are each other's prefix or suffix), after each word it says which
+    phrases end there and how many words of each are matched, as counting on the text itself does."""
+    import random
+
+    from i2d2.decoding.compile import _phrase_automaton
+
+    rng = random.Random(0)
+    for _ in range(300):
+        v = rng.randint(2, 5)  # words 0 .. v - 1 in phrases, v in none
+        phrases = [tuple(rng.randrange(v) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 6))]
+        cols, nxt, out, prog = _phrase_automaton(phrases)
+        col = {int(w): j for j, w in enumerate(cols)}
+        text, s = (), 0
+        for _ in range(12):
+            w = rng.randrange(v + 1)
+            text += (w,)
+            s = nxt[s, col[w]] if w in col else 0
+            for k, ph in enumerate(phrases):
+                assert out[s, k] == (text[-len(ph):] == ph), (phrases, text, k)
+                matched = max(j for j in range(len(ph)) if text[len(text) - j:] == ph[:j])
+                assert prog[s, k] == matched, (phrases, text, k)
 
 
 # ------------------------------------------------------------------ ordered clauses completed in one step

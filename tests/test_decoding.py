@@ -488,7 +488,7 @@ def test_a_sets_tables_do_not_depend_on_its_batch(tiny_gpt2):
     """A set's literal tables are built once per distinct set, with set-local word ids the batch maps to its own:
     read back through the batch's words they are the same alone, first or second in a batch, and beside a set with
     longer phrases (a shorter literal's letter offsets repeat its total)."""
-    from i2d2.decoding.compile import compile_batch
+    from i2d2.decoding.compile import PAD_LEN, compile_batch
 
     model, tok = tiny_gpt2
     dec = NeuroLogicDecoder(model, tok, DecodingConfig())
@@ -504,15 +504,26 @@ def test_a_sets_tables_do_not_depend_on_its_batch(tiny_gpt2):
         words = list(cp.words) + ["<other>"]
         Cl, nc, n = cp.Cl, sum(cp.n_clauses[i]), int(cp.pos_valid[i].sum())
         kind = lambda c: ("pos", c) if c < Cl else ("neg", c - Cl) if c < 2 * Cl else ("count", c - 2 * Cl)  # noqa: E731
-        dfa = cp.ph_dfa.reshape(cp.B, max(cp.Lph, 1), cp.P, cp.Wc1)[i]
+        S, W2 = cp.ph_S, cp.Wc1 + 1
+        nxt = cp.ph_next.reshape(cp.B, 2, S, W2)[i] - i * 2 * S  # the prompt's own rows: 0 is its root
+        rows = i * 2 * S + torch.arange(S)
+        # the set's own states (the batch pads to its widest automaton): the last one ends or begins a phrase
+        live = (cp.ph_out[rows] + cp.ph_prog[rows]).any(1).nonzero()
+        own = slice(i * 2 * S, i * 2 * S + (int(live.max()) + 1 if len(live) else 1))
+        # a state's copy moves alike and ends no phrase; no word keeps the state, on its copy
+        assert torch.equal(nxt[1], nxt[0]) and (cp.ph_out[i * 2 * S + S: (i + 1) * 2 * S] == 0).all()
+        n_own = own.stop - own.start
+        assert torch.equal(nxt[0, :n_own, cp.Wc1], S + torch.arange(n_own))
         lens = cp.pos_len[i, :n].tolist()
         cl = cp.pos_charlen[i, :n].tolist()
         return dict(
             wtab={(words[w], kind(c)): v for (w, c), v in np.ndenumerate(cp.wtab[i].numpy()) if v},
             wlit={(words[w], c): v for (w, c), v in np.ndenumerate(cp.wlit[i].numpy()) if v >= 0},
-            phrases=[(tuple(words[w] for w in cp.ph_words[i, k].tolist() if w >= 0), cp.ph_gidx[i, k].item(),
-                      {(p, words[w]): v for (p, w), v in np.ndenumerate(dfa[k].numpy()) if v})
+            phrases=[(cp.lits[i][cp.ph_gidx[i, k]].words, cp.ph_gidx[i, k].item(),
+                      cp.ph_out[own, k].tolist(), cp.ph_prog[own, k].tolist())
                      for k in range(int((cp.ph_gidx[i] >= 0).sum()))],
+            automaton={(s, words[w]): v for (s, w), v in np.ndenumerate(nxt[0, :n_own, :cp.Wc1].numpy()) if v},
+            group_ends=cp.ph_gout[own][:, cp.grp_max[i] < PAD_LEN].tolist(), clause_ends=cp.ph_hit[own, :nc].tolist(),
             neg=cp.neg_total[i, :nc].tolist(), has_pos=cp.cl_has_pos[i, :nc].tolist(), pos_len=lens,
             pos_words=[tuple(words[w] for w in r if w >= 0) for r in cp.pos_words[i, :n].tolist()],
             pos_clause=cp.pos_clause[i, :n].tolist(), pos_dyn=cp.pos_dyn[i, :n].tolist(),

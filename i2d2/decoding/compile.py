@@ -37,7 +37,6 @@ class LitInfo:
 @dataclass
 class Compiled:
     B: int
-    P: int
     Cl: int
     G: int
     lits: list  # per row: tuple[LitInfo, ...] (shared across batches: see _row_literals)
@@ -52,12 +51,16 @@ class Compiled:
     wtab: torch.Tensor  # [B, Wc+1, 2Cl+G] increments per completed word: clause pos hits | neg hits | groups
     wlit: torch.Tensor  # [B, Wc+1, Cl] literal index a word satisfies per clause (-1)
     Lph: int
-    ph_words: torch.Tensor  # [B, Lph, P]
-    ph_dfa: torch.Tensor  # [B * Lph * P * Wc1] next state * 2 + completed (see _phrase_dfa)
-    ph_len: torch.Tensor
+    # the phrases' automaton (``_phrase_automaton``) as batch tables: row b * 2S + s is prompt b's state s, row
+    # b * 2S + S + s its copy that ends no phrase (where no word completed, the state stays but must not count its
+    # phrases again); ph_next[row * (Wc1 + 1) + word column] is the next row (column Wc1: no word)
+    ph_S: int
+    ph_next: torch.Tensor  # [B * 2S * (Wc1 + 1)]
+    ph_out: torch.Tensor  # [B * 2S, Lph] phrases ending at the row (0 / 1)
+    ph_prog: torch.Tensor  # [B * 2S, Lph] words of each phrase matched
+    ph_gout: torch.Tensor  # [B * 2S, G] count-group increments of the phrases ending at the row
+    ph_hit: torch.Tensor  # [B * 2S, Cl] a positive phrase literal of the clause ends at the row
     ph_gidx: torch.Tensor
-    ph_clause: torch.Tensor
-    ph_neg: torch.Tensor
     ph_cl_pos: torch.Tensor  # [B, Lph, Cl] float
     ph_cl_neg: torch.Tensor
     ph_grp: torch.Tensor  # [B, Lph, G]
@@ -158,27 +161,44 @@ def _charlen(words: tuple) -> tuple:
     return tuple(out)
 
 
-@lru_cache(maxsize=1 << 12)
-def _phrase_dfa(words: tuple) -> np.ndarray:
-    """KMP automaton of one phrase: ``dfa[p, j]`` for ``p`` words matched and next word ``words[j]`` is
-    ``next * 2 + completed``.  After a completion the state is the phrase's longest proper border, so occurrences
-    may overlap ("ha ha" twice in "ha ha ha") and a restart keeps what still matches ("so so good" inside
-    "so so so good").  Any word not in the phrase resets to 0 (the batch table's other columns stay 0)."""
-    L = len(words)
-    dfa = np.zeros((L, L), dtype=np.int64)
-
-    def longest_prefix_suffix(seq, limit):
-        for k in range(min(len(seq), limit), 0, -1):
-            if seq[len(seq) - k:] == words[:k]:
-                return k
-        return 0
-
-    for p in range(L):
-        for j, w in enumerate(words):
-            k = longest_prefix_suffix(words[:p] + (w,), L)
-            dfa[p, j] = 2 * longest_prefix_suffix(words, L - 1) + 1 if k == L else 2 * k
-    dfa.setflags(write=False)  # shared through the cache
-    return dfa
+def _phrase_automaton(phrases: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Aho-Corasick automaton over word-id phrases: one state stands for every phrase's progress at once.  A state
+    is the longest suffix of the text that is a prefix of some phrase.  Returns the words of the phrases (``cols``),
+    the transitions ``nxt`` [S, len(cols)] (any other word leads to the root, 0), ``out`` [S, n] (1 where phrase k
+    ends at the state: occurrences may overlap, "ha ha" twice in "ha ha ha") and ``prog`` [S, n] (the words of
+    phrase k matched: the longest proper prefix of it ending the text, so a restart keeps what still matches,
+    "so so good" inside "so so so good")."""
+    states = {(): 0}
+    for ph in phrases:
+        for j in range(1, len(ph) + 1):
+            states.setdefault(ph[:j], len(states))
+    cols = sorted({w for ph in phrases for w in ph})
+    col = {w: j for j, w in enumerate(cols)}
+    S, n = len(states), max(len(phrases), 1)
+    # each state's own facts; a state inherits the rest from its failure state (its longest proper suffix that
+    # is a state), which is shallower, so filling the states by depth sees it done
+    out = np.zeros((S, n), dtype=np.int64)
+    prog = np.full((S, n), -1, dtype=np.int64)
+    for k, ph in enumerate(phrases):
+        out[states[ph], k] = 1
+        prog[[states[ph[:j]] for j in range(len(ph))], k] = np.arange(len(ph))
+    children = {s: [] for s in range(S)}
+    for v, c in states.items():
+        if v:
+            children[states[v[:-1]]].append((col[v[-1]], c))
+    nxt = np.zeros((S, len(cols)), dtype=np.int64)
+    fail = np.zeros(S, dtype=np.int64)
+    for u in sorted(states, key=len):
+        s = states[u]
+        if u:
+            f = fail[s]
+            nxt[s] = nxt[f]
+            out[s] |= out[f]
+            prog[s] = np.where(prog[s] >= 0, prog[s], prog[f])
+        for j, c in children[s]:
+            fail[c] = nxt[s, j] if u else 0  # read before this state's own edge overwrites it
+            nxt[s, j] = c
+    return np.asarray(cols, dtype=np.int64), nxt, out, prog
 
 
 @dataclass(frozen=True)
@@ -198,7 +218,11 @@ class _RowRecord:
     sw_kind: np.ndarray
     first_lit: np.ndarray  # [n, 3] (word, clause, literal): the first positive literal of the clause spelling the word
     phr: tuple  # literals with their own progress state: phrases, negatives of clauses with several negatives
-    P: int  # most words in one of them
+    # their automaton (``_phrase_automaton``): the local word of each column of ``ph_next``, transitions, ends, progress
+    ph_cols: np.ndarray
+    ph_next: np.ndarray
+    ph_out: np.ndarray
+    ph_prog: np.ndarray
     pos: tuple  # positive literals (lookahead, progress)
     Pp: int  # most words in one of them
     pos_word: np.ndarray  # [n_pos, Pp] words, PAD_WORD after the last
@@ -243,12 +267,14 @@ def _row_record(clauses: tuple, dynamic: tuple, counts: tuple) -> _RowRecord:
         pos_charlen[j] = cum + (cum[-1],) * (Pp - len(li.words))
     single = [li for li in pl if len(li.words) == 1]
     arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    ph_cols, ph_next, ph_out, ph_prog = _phrase_automaton([tuple(wid[w] for w in lits[k].words) for k in phr])
     sw = arr(sw).reshape(-1, 3)
     rec = _RowRecord(
         words=words, neg_clause=arr(list(nneg)), neg_count=arr(list(nneg.values())),
         pos_clauses=arr(sorted({li.clause for li in pl})), sw_word=sw[:, 0], sw_index=sw[:, 1], sw_kind=sw[:, 2],
         first_lit=arr([(*wc, k) for wc, k in first_lit.items()]).reshape(-1, 3), phr=tuple(phr),
-        P=max([len(lits[k].words) for k in phr] + [1]), pos=tuple(pos), Pp=Pp, pos_word=pos_word,
+        ph_cols=ph_cols, ph_next=ph_next, ph_out=ph_out,
+        ph_prog=ph_prog, pos=tuple(pos), Pp=Pp, pos_word=pos_word,
         pos_ph=arr([phpos.get(k, -1) for k in pos]), pos_clause=arr([li.clause for li in pl]),
         pos_dyn=arr([li.clause - nc if li.dynamic else -1 for li in pl]), pos_charlen=pos_charlen,
         prog_word=arr([wid[li.words[0]] for li in single]), prog_clause=arr([li.clause for li in single]))
@@ -454,32 +480,37 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         np.add.at(wtab[b], (g[rr.sw_word], rr.sw_index + rr.sw_kind * Cl), 1)
         wlit[b, g[rr.first_lit[:, 0]], rr.first_lit[:, 1]] = rr.first_lit[:, 2]
     Lph = max(len(rr.phr) for rr in rrs)
-    P = max([rr.P for rr in rrs if rr.phr] + [1])
-    ph_words = np.full((B, max(Lph, 1), P), PAD_WORD, dtype=np.int64)
-    ph_len = np.full((B, max(Lph, 1)), PAD_LEN, dtype=np.int64)
     ph_gidx = np.full((B, max(Lph, 1)), -1, dtype=np.int64)
-    ph_clause = np.full((B, max(Lph, 1)), -1, dtype=np.int64)
-    ph_neg = np.zeros((B, max(Lph, 1)), dtype=bool)
     ph_cl_pos = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
     ph_cl_neg = np.zeros((B, max(Lph, 1), Cl), dtype=np.float32)
     ph_grp = np.zeros((B, max(Lph, 1), G), dtype=np.float32)
-    ph_dfa = np.zeros((B, max(Lph, 1), P, Wc1), dtype=np.int64)
     for b, (r, rr) in enumerate(zip(rows, rrs)):
         for k, li_idx in enumerate(rr.phr):
             li = r[li_idx]
-            gw = np.fromiter((words[w] for w in li.words), dtype=np.int64, count=len(li.words))
-            ph_words[b, k, : len(gw)] = gw
-            ph_dfa[b, k][: len(gw), gw] = _phrase_dfa(li.words)
-            ph_len[b, k] = len(gw)
             ph_gidx[b, k] = li_idx
-            ph_clause[b, k] = li.clause
             if li.group >= 0:
                 ph_grp[b, k, li.group] = 1
             elif li.positive:
                 ph_cl_pos[b, k, li.clause] = 1
             else:
                 ph_cl_neg[b, k, li.clause] = 1
-                ph_neg[b, k] = True
+    S = max(rr.ph_next.shape[0] for rr in rrs)
+    Lw = max(Lph, 1)
+    ph_next = np.zeros((B, 2, S, Wc1 + 1), dtype=np.int64)
+    ph_out = np.zeros((B, 2, S, Lw), dtype=np.int64)
+    ph_prog = np.zeros((B, 2, S, Lw), dtype=np.int64)
+    for b, (rr, g) in enumerate(zip(rrs, gmap)):
+        n, base = rr.ph_next.shape[0], b * 2 * S
+        blk = ph_next[b]  # [2, S, Wc1 + 1]
+        blk[:] = base  # any other word leads to the root (rows past the set's states are never reached)
+        blk[:, :n, g[rr.ph_cols]] = base + rr.ph_next[None]
+        blk[:, :n, Wc1] = base + S + np.arange(n)  # no word: the same state, ending nothing
+        ph_out[b, 0, :n, : rr.ph_out.shape[1]] = rr.ph_out
+        ph_prog[b, :, :n, : rr.ph_prog.shape[1]] = rr.ph_prog
+    ph_out = ph_out.reshape(B, 2 * S, Lw)
+    ph_gout = (ph_out @ ph_grp.astype(np.int64)).reshape(B * 2 * S, G)
+    ph_hit = (ph_out @ ph_cl_pos.astype(np.int64) > 0).reshape(B * 2 * S, Cl)
+    ph_out = ph_out.reshape(B * 2 * S, Lw)
     # positive literals: lookahead and progress
     Lp = max([len(rr.pos) for rr in rrs] + [1])
     Pp = max(rr.Pp for rr in rrs)
@@ -514,11 +545,12 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         cl_weight = 2 ** torch.arange(Cl, dtype=torch.long)
     dv = lambda t: torch.as_tensor(t).to(device)  # noqa: E731
     return Compiled(
-        B=B, P=P, Cl=Cl, G=G, lits=rows, n_clauses=ncl, keys=dv(keys), vals=dv(vals), F=F,
+        B=B, Cl=Cl, G=G, lits=rows, n_clauses=ncl, keys=dv(keys), vals=dv(vals), F=F,
         node_word=dv(node_word), node_depth=dv(node_depth),
-        Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_words=dv(ph_words), ph_dfa=dv(ph_dfa.reshape(-1)),
-        ph_len=dv(ph_len),
-        ph_gidx=dv(ph_gidx), ph_clause=dv(ph_clause), ph_neg=dv(ph_neg), ph_cl_pos=dv(ph_cl_pos),
+        Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_S=S,
+        ph_next=dv(ph_next.reshape(-1)), ph_out=dv(ph_out), ph_prog=dv(ph_prog.reshape(B * 2 * S, Lw)),
+        ph_gout=dv(ph_gout), ph_hit=dv(ph_hit),
+        ph_gidx=dv(ph_gidx), ph_cl_pos=dv(ph_cl_pos),
         ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp),
         ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()),
         ph_track_occ=bool(ph_cl_neg.any() or ph_cl_pos.any()), neg_total=dv(neg_total), has_neg=bool(neg_total.any()),

@@ -47,7 +47,7 @@ STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done
 CACHE_MAX = 20_000
 # per-prompt tables ([N, 1, ...]) the constraint-state update reads against [N, C, ...] candidates
 _CAND_TABLES = ("neg_total", "grp_max", "cl_valid", "cl_has_pos", "cl_rank_ok", "cl_maxpos",
-                "cl_ordered_pos", "cl_neg_only", "cl_not_pos", "cl_invalid", "ph_gcol")
+                "cl_ordered_pos", "cl_neg_only", "cl_not_pos", "cl_invalid")
 
 
 def _topk(x, k: int):
@@ -89,8 +89,8 @@ class Generation:
 
 
 class _State:
-    """Per-hypothesis tensors ([N, ...], N = prompts x beam).  ``ph_state``: each phrase's automaton state, an
-    offset into the step table (``_phrase_table``; ``_phrase_words`` reads the words matched)."""
+    """Per-hypothesis tensors ([N, ...], N = prompts x beam).  ``ph_state``: the row of the phrases' automaton
+    (``Compiled.ph_next``), one for all of a prompt's phrases."""
 
     __slots__ = ("node", "ph_state", "ph_occ", "cpos", "cneg", "gcnt", "cmatch", "crank", "rctr", "cbad", "sat")
 
@@ -270,37 +270,10 @@ class NeuroLogicDecoder:
         return torch.cat(events) if len(events) > 1 else events[0], node
 
     @staticmethod
-    def _phrase_step(lt, state, col):
-        """One KMP step of every phrase for a word event [N, C] given as its column ``col`` (the word id; Wc1 - 1 an
-        irrelevant word; Wc1 none): (new state, completed 0 / 1) [N, C, Lph].  A phrase's state is its row of
-        ``lt["ph_step"]`` (see there), so the step is one add and one lookup."""
-        code = _take(lt["ph_step"], state + col[..., None])
-        return code >> 1, code & 1
-
-    @staticmethod
-    def _group_counts(cp: Compiled, lt, n):
-        """[N, C, G] count-group increments from per-phrase occurrence increments ``n`` [N, C, Lph] (a phrase is in at
-        most one group; a scatter costs half a batched matmul with ``cp.ph_grp`` on a CPU)."""
-        out = torch.zeros(*n.shape[:-1], cp.G + 1, dtype=n.dtype, device=n.device)
-        return out.scatter_add_(2, lt["ph_gcol"], n)[..., :cp.G]
-
-    @staticmethod
-    def _phrase_words(cp: Compiled, state):
-        """Words of each phrase matched so far, from its state."""
-        return torch.div(state, cp.Wc1 + 1, rounding_mode="floor") % cp.P
-
-    @staticmethod
-    def _phrase_table(cp: Compiled):
-        """The phrases' KMP automata as one step table.  A phrase's state is ``row * Wc2`` with ``row`` = (prompt,
-        phrase, words matched) in ``cp.ph_dfa``'s order and Wc2 = Wc1 + 1 columns: the word columns of
-        ``ph_dfa`` and a last one for no word, which keeps the state.  Entry ``state + column`` is the next state
-        * 2 + completed, so a step needs no multiply and no mask."""
-        W, W2 = cp.Wc1, cp.Wc1 + 1
-        dfa = cp.ph_dfa.reshape(-1, W)  # next words matched * 2 + completed
-        row = torch.arange(dfa.shape[0], device=dfa.device)[:, None]
-        first = row - row % cp.P  # the phrase's row with no word matched
-        nxt = ((first + (dfa >> 1)) * W2) * 2 + (dfa & 1)
-        return torch.cat([nxt, row * W2 * 2], 1).reshape(-1)
+    def _phrase_step(cp: Compiled, state, col):
+        """The phrases' automaton row after a word event given as its column ``col`` (the word id; Wc1 - 1 an
+        irrelevant word; Wc1 none): one multiply-add and one lookup, whatever the number of phrases."""
+        return _take(cp.ph_next, torch.add(col, state, alpha=cp.Wc1 + 1))
 
     @staticmethod
     def _rank_ok(lt, rank):
@@ -340,22 +313,28 @@ class NeuroLogicDecoder:
                 hit_by.append(part > 0)
             for e in range(E - 2, -1, -1):
                 hit_e = torch.where(hit_by[e], e, hit_e)
-        # phrases (and negatives of clauses with several negatives): per-literal KMP progress
+        # phrases (and negatives of clauses with several negatives): one automaton state for all of a prompt's phrases
         if cp.Lph:
             Lph, B, K = cp.Lph, cp.B, N // cp.B
-            ph_state = st.ph_state[:, None, :]
+            ph_state = st.ph_state[:, None]
             n_comp = None  # completions of each phrase in this step
+            g_inc = None  # count-group increments of the phrases completed in this step
             ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
             pcol = torch.where(ev == NO_EVENT, cp.Wc1, col)  # no word leaves a phrase's progress as it is
+            # phrases count for clauses (positive / negative literals) and count groups: each table is read only
+            # where the batch has such phrases (NeuroComparatives' phrases are count-only: no occurrence state,
+            # their completions go straight to their groups)
             for e in range(E):
-                ph_state, comp = self._phrase_step(lt, ph_state, pcol[e])
-                n_comp = comp if n_comp is None else n_comp + comp
+                ph_state = self._phrase_step(cp, ph_state, pcol[e])
+                if cp.ph_track_occ:
+                    comp = _take(cp.ph_out, ph_state)
+                    n_comp = comp if n_comp is None else n_comp + comp
+                if cp.ph_has_grp:
+                    g = _take(cp.ph_gout, ph_state)
+                    g_inc = g if g_inc is None else g_inc + g
                 if by_pos and cp.has_pos_phrase:
-                    hit = torch.bmm(comp.float().reshape(B, K * C, Lph), cp.ph_cl_pos).reshape(N, C, Cl) > 0
+                    hit = _take(cp.ph_hit, ph_state)
                     ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
-            # phrases count for clauses (positive / negative literals) and count groups: each table only where the
-            # batch has such phrases (NeuroComparatives' phrases are count-only: no occurrence state, their
-            # completions go straight to their groups)
             if cp.ph_track_occ:  # phrases that occur for the first time
                 occ0 = st.ph_occ[:, None, :]
                 occ = occ0 + n_comp
@@ -371,7 +350,7 @@ class NeuroLogicDecoder:
             if cp.ph_has_neg:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             if cp.ph_has_grp:
-                gcnt = gcnt + self._group_counts(cp, lt, n_comp)
+                gcnt = gcnt + g_inc
             ph_occ = occ.clamp(max=1 << 20) if cp.ph_track_occ else None
         else:
             ph_state = ph_occ = None
@@ -416,15 +395,15 @@ class NeuroLogicDecoder:
             tneg = cneg + d[..., Cl:2 * Cl] if has_neg else None
             tg = gcnt + d[..., 2 * Cl:]
             if cp.Lph:
-                _, tcomp = self._phrase_step(lt, ph_state, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
+                t_state = self._phrase_step(cp, ph_state, torch.where(w_end == NO_EVENT, cp.Wc1, t_col))
                 if cp.ph_track_occ:
-                    tnew = (tcomp & (occ == 0)).float().reshape(B, K * C, Lph)
+                    tnew = (_take(cp.ph_out, t_state) & (occ == 0)).float().reshape(B, K * C, Lph)
                 if cp.has_pos_phrase:
                     tpos = tpos + torch.bmm(tnew, cp.ph_cl_pos).reshape(N, C, Cl).long()
                 if cp.ph_has_neg:
                     tneg = tneg + torch.bmm(tnew, cp.ph_cl_neg).reshape(N, C, Cl).long()
                 if cp.ph_has_grp:
-                    tg = tg + self._group_counts(cp, lt, tcomp)
+                    tg = tg + _take(cp.ph_gout, t_state)
             t_hit = tpos > 0
             t_new = t_hit & (crank == 0) & valid_cl
             t_rank = rctr[..., None] + t_new.cumsum(-1)
@@ -458,8 +437,7 @@ class NeuroLogicDecoder:
         if cp.Lph and cp.has_pos_phrase:
             Lp = cp.Lp
             ph = lt["pos_ph"]  # [N,1,Lp]
-            state = st.ph_state.gather(2, ph.clamp(min=0).expand(N, C, Lp))
-            prog = torch.where(ph >= 0, self._phrase_words(cp, state), 0)
+            prog = torch.where(ph >= 0, _take(cp.ph_prog, st.ph_state).gather(2, ph.clamp(min=0).expand(N, C, Lp)), 0)
             words = lt["pos_words"].expand(N, C, Lp * cp.Pp).gather(2, lt["pos_lidx"] + prog.clamp(max=cp.Pp - 1))
             depth = _take(cp.node_depth, st.node).clamp(max=cp.prefix_node.shape[2] - 1)[..., None].expand_as(words)
             w = words.clamp(min=0)
@@ -487,7 +465,7 @@ class NeuroLogicDecoder:
         else:
             ph = lt["pos_ph2"]
             if cp.Lph:
-                prog = torch.where(ph >= 0, self._phrase_words(cp, st.ph_state.gather(1, ph.clamp(min=0))), 0)
+                prog = torch.where(ph >= 0, _take(cp.ph_prog, st.ph_state).gather(1, ph.clamp(min=0)), 0)
             else:
                 prog = torch.zeros_like(ph)
             wflat = lt["pos_words2"]
@@ -571,9 +549,6 @@ class NeuroLogicDecoder:
             "nodeoff": (rep * cp.node_word.numel())[:, None],
             "wtab": cp.wtab.reshape(B * cp.Wc1, -1),
             "wlit": cp.wlit.reshape(B * cp.Wc1, -1),
-            "ph_step": self._phrase_table(cp),
-            # [N, 1, Lph] each phrase's count group (G: none)
-            "ph_gcol": torch.where(cp.ph_grp.any(-1), cp.ph_grp.argmax(-1), cp.G)[rep][:, None, :],
             # [N, 1, Lph, Cl]: 1 + global literal index where the phrase is a positive literal of the clause, else 0
             "ph_lit1": torch.where(cp.ph_cl_pos > 0, cp.ph_gidx[..., None] + 1, 0)[rep][:, None],
             "inner_ev": self._inner_events(cp),
@@ -627,7 +602,7 @@ class NeuroLogicDecoder:
                                   torch.where(resume >= 0, start, -2))
         has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
-        ph_start = (rep[:, None] * max(Lph, 1) + torch.arange(Lph, device=d)) * cp.P * (cp.Wc1 + 1)
+        ph_start = rep * 2 * cp.ph_S  # each prompt's automaton root
         st = _State(node=z(N), ph_state=ph_start if Lph else None, ph_occ=z(N, Lph) if cp.ph_track_occ else None,
                     cpos=z(N, Cl), cneg=z(N, Cl) if cp.has_neg else None, gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1,
                     crank=z(N, Cl), rctr=z(N),
