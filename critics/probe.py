@@ -107,6 +107,13 @@ def best_on_dev(make, grid, X: np.ndarray, ys: np.ndarray, train_idx, dev_idx):
     return best, tried
 
 
+def probe_classifier(cfg: dict):
+    """The probe's classifier for a ``probe_C`` value (``C -> LogisticRegression``), as ``fit_probe`` fits it."""
+    from sklearn.linear_model import LogisticRegression
+
+    return lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(cfg["seed"]))
+
+
 def probe_lm_features(cfg: dict, texts: Sequence[str], device: str | None = None):
     """The probe's LM (``probe_lm``, on ``device``) and its features of ``texts`` as the critic reads them (layer
     ``probe_layer``, ``eval_batch_size``, ``max_length``): (features, model, tokenizer)."""
@@ -123,7 +130,6 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
     """Features of every labelled text, logistic regression on train for each ``probe_C``, the C with the best dev
     AP kept; written atomically to ``model_dir``. Returns the seconds it took."""
     from safetensors.numpy import save_file
-    from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     from i2d2.io import atomic_dir, write_json
@@ -133,9 +139,7 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
     X, _, _ = probe_lm_features(cfg, texts, device)
     sc = StandardScaler().fit(X[train_idx])
     Xs = sc.transform(X)
-    (ap, C, clf), tried = best_on_dev(
-        lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(cfg["seed"])), cfg["probe_C"],
-        Xs, ys, train_idx, dev_idx)
+    (ap, C, clf), tried = best_on_dev(probe_classifier(cfg), cfg["probe_C"], Xs, ys, train_idx, dev_idx)
     for c, a in tried:
         log.info("critic probe: C=%g dev AP %.4f", float(c), a)
     C = float(C)

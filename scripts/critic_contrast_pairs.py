@@ -85,11 +85,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from hydra import compose, initialize_config_dir
-    from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     from critics.metrics import average_precision
-    from critics.probe import best_on_dev, lm_features, probe_lm_features
+    from critics.probe import best_on_dev, lm_features, positive_scores, probe_classifier, probe_lm_features
     from critics.train import critic_config, labelled_splits
     from i2d2.labels import canonical_statement
     from i2d2.models import load_spacy
@@ -127,10 +126,8 @@ def main(argv=None) -> int:
 
     def fit(F):  # the default critic's fit (critics.probe.fit_probe) on other features
         Fs = StandardScaler().fit(F[tr]).transform(F)
-        (ap_dev, _, clf), _ = best_on_dev(
-            lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(c["seed"])), c["probe_C"],
-            Fs, ys, tr, dv)
-        return ap_dev, average_precision(ys[te], clf.predict_proba(Fs[te])[:, 1])
+        (ap_dev, _, clf), _ = best_on_dev(probe_classifier(c), c["probe_C"], Fs, ys, tr, dv)
+        return ap_dev, average_precision(ys[te], positive_scores(clf, Fs[te]))
 
     print(f"{'features':36s} {'dev AP':>7s} {'test AP':>8s}")
     for name, F in [("h(s)  (the default critic)", X), (f"h(s) - h({cs})", X - Xn),

@@ -28,11 +28,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
-    from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     from critics.metrics import average_precision
-    from critics.probe import best_on_dev, positive_scores, probe_lm_features
+    from critics.probe import best_on_dev, positive_scores, probe_classifier, probe_lm_features
     from critics.train import default_critic_data
 
     c, rows, texts, ys, (tr, dv, te) = default_critic_data()
@@ -54,8 +53,7 @@ def main(argv=None) -> int:
                 continue
             # the default critic's scaler and C grid (critics.probe.fit_probe), fit on this subset alone
             Xs = StandardScaler().fit(X[sub]).transform(X)
-            (_, _, m), _ = best_on_dev(lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(c["seed"])),
-                                       c["probe_C"], Xs, ys, sub, dv)
+            (_, _, m), _ = best_on_dev(probe_classifier(c), c["probe_C"], Xs, ys, sub, dv)
             aps.append(average_precision(ys[te], positive_scores(m, Xs[te])))
             sizes.append(len(sub))
         means[share] = float(np.mean(aps))

@@ -63,9 +63,8 @@ class Compiled:
     ph_gidx: torch.Tensor
     ph_cl_pos: torch.Tensor  # [B, Lph, Cl] float
     ph_cl_neg: torch.Tensor
-    ph_grp: torch.Tensor  # [B, Lph, G]
     ph_has_neg: bool  # some phrase is a negative literal of a clause (else ph_cl_neg is all zero)
-    ph_has_grp: bool  # some phrase is a count word (else ph_grp is all zero); positive phrases: has_pos_phrase
+    ph_has_grp: bool  # some phrase is a count word (else ph_gout is all zero); positive phrases: has_pos_phrase
     ph_track_occ: bool  # some phrase is a literal of a clause (positive or negative): the decoder keeps occurrences
     neg_total: torch.Tensor  # [B, Cl]
     has_neg: bool  # some clause has a negative literal (else neg_total is all zero)
@@ -551,7 +550,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         ph_next=dv(ph_next.reshape(-1)), ph_out=dv(ph_out), ph_prog=dv(ph_prog.reshape(B * 2 * S, Lw)),
         ph_gout=dv(ph_gout), ph_hit=dv(ph_hit),
         ph_gidx=dv(ph_gidx), ph_cl_pos=dv(ph_cl_pos),
-        ph_cl_neg=dv(ph_cl_neg), ph_grp=dv(ph_grp),
+        ph_cl_neg=dv(ph_cl_neg),
         ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()),
         ph_track_occ=bool(ph_cl_neg.any() or ph_cl_pos.any()), neg_total=dv(neg_total), has_neg=bool(neg_total.any()),
         grp_max=dv(grp_max),

@@ -319,7 +319,7 @@ class NeuroLogicDecoder:
             ph_state = st.ph_state[:, None]
             n_comp = None  # completions of each phrase in this step
             g_inc = None  # count-group increments of the phrases completed in this step
-            ph_hit = None  # event at which a phrase literal of each clause first completes (E: none)
+            ph_hit_e = None  # event at which a phrase literal of each clause first completes (E: none)
             pcol = torch.where(ev == NO_EVENT, cp.Wc1, col)  # no word leaves a phrase's progress as it is
             # phrases count for clauses (positive / negative literals) and count groups: each table is read only
             # where the batch has such phrases (NeuroComparatives' phrases are count-only: no occurrence state,
@@ -334,7 +334,8 @@ class NeuroLogicDecoder:
                     g_inc = g if g_inc is None else g_inc + g
                 if by_pos and cp.has_pos_phrase:
                     hit = _take(cp.ph_hit, ph_state)
-                    ph_hit = torch.where(hit, e, E) if ph_hit is None else torch.where(hit & (ph_hit == E), e, ph_hit)
+                    ph_hit_e = (torch.where(hit, e, E) if ph_hit_e is None
+                                else torch.where(hit & (ph_hit_e == E), e, ph_hit_e))
             if cp.ph_track_occ:  # phrases that occur for the first time
                 occ0 = st.ph_occ[:, None, :]
                 occ = occ0 + n_comp
@@ -346,7 +347,7 @@ class NeuroLogicDecoder:
                 li = ((newly.reshape(N, C, Lph, 1) > 0) * lt["ph_lit1"]).max(2).values - 1
                 cmatch = torch.where(cmatch < 0, li, cmatch)
                 if by_pos:
-                    hit_e = torch.minimum(hit_e, ph_hit)
+                    hit_e = torch.minimum(hit_e, ph_hit_e)
             if cp.ph_has_neg:
                 cneg = cneg + torch.bmm(newly, cp.ph_cl_neg).reshape(N, C, Cl).long()
             if cp.ph_has_grp:
