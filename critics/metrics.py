@@ -31,6 +31,15 @@ def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float, i
     return precision, float(recall), n_keep
 
 
+def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
+    """Precision and size of the ``ceil(fraction * n)`` best-scored rows (ties in their given order): what a
+    keep-the-top-fraction cut such as NeuroComparatives' NC-L / NC-S holds when applied to labelled rows."""
+    y = np.asarray(y).astype(bool)
+    n_keep = int(np.ceil(float(fraction) * len(y)))
+    top = np.argsort(-np.asarray(scores, dtype=float), kind="stable")[:n_keep]
+    return (float(y[top].mean()) if n_keep else None), n_keep
+
+
 def _cuts(y, scores):
     """For every distinct score v (descending): precision/recall of keeping ``score >= v``."""
     y = np.asarray(y).astype(float)

@@ -28,6 +28,20 @@ ADVERBS = ("generally", "typically", "usually", "often", "normally")
 ARTICLES = ("a", "an", "the")
 GOAL_PREFIXES = ("in order to", "before you", "after you", "while you")
 PROBES = Path(__file__).resolve().parent.parent / "i2d2" / "data" / "annotations" / "probes.jsonl"
+FLOOR_MARGIN = 0.15  # a critic's test AP must beat the surface-only floor's by this much to count as judging content
+
+
+def floor_warning(ap, surface_ap, what: str = "the critic") -> str | None:
+    """The loud warning for a critic whose test AP does not beat the surface-only floor by ``FLOOR_MARGIN`` (None
+    when it does, or when either AP is undefined): wording alone ranks about as well, so its kept set is not a
+    truth judgement."""
+    if ap is None or surface_ap is None or not np.isfinite(ap - surface_ap) or ap - surface_ap >= FLOOR_MARGIN:
+        return None
+    return (f"{what}'s test AP {ap:.3f} does not beat the surface-only floor {surface_ap:.3f} by {FLOOR_MARGIN} "
+            f"({ap - surface_ap:+.3f}): wording cues alone (length, article, adverb, relation) rank the test "
+            f"statements {'better' if surface_ap > ap else 'about as well'}, so its scores say little about truth")
+
+
 _WORD = re.compile(r"[\w'’]+", re.UNICODE)
 
 

@@ -208,7 +208,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     """
     from critics.probe import fit_probe
     from critics.scoring import load_critic, score_loaded
-    from critics.surface import score_probes, surface_floor
+    from critics.surface import floor_warning, score_probes, surface_floor
     from callbacks.plots import plot_pr_curves, plot_score_histogram
 
     cfg = critic_config(cfg_critic)
@@ -321,6 +321,9 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         tracker.log_image("critic/pr_curve", out_dir / "pr_curve.png")
         tracker.log_image("critic/score_histogram", out_dir / "score_histogram.png")
         tracker.log_table("critic/test_scores", list(test_rows[0]), [list(r.values()) for r in test_rows])
+    below_floor = floor_warning(ap, summary["surface_ap"])
+    if below_floor:
+        log.warning("!!! CRITIC BELOW THE SURFACE FLOOR: %s. See %s.", below_floor, out_dir / "metrics.json")
     log.info("critic: test AP %.3f (surface floor %s, LM perplexity %s) on %d statements / %d concepts; δ=%.3f from dev "
              "-> test precision %s recall %.3f (%d kept); probe shift %s, probe AP %s", ap, _f(surface["surface_ap"]),
              _f(ap_ppl), len(test_idx), len(split_concepts["test"]), delta, _f(precision), recall, n_kept,

@@ -234,6 +234,28 @@ def test_discriminator_cuts_are_top_fractions():
     assert cuts["nc_l"]["critic_score"].min() > cuts["nc_xl"]["critic_score"].median() - 1e-9
 
 
+def test_cut_precision_on_labelled_rows_and_the_floor_warning():
+    from critics.metrics import precision_at_top
+    from critics.surface import floor_warning
+    from i2d2.recipes.comparatives import _discriminator_lines
+
+    y = np.array([1, 0, 1, 0, 0, 1, 0, 0, 0, 0])
+    s = np.linspace(1, 0, 10)  # best first
+    assert precision_at_top(y, s, 1.0) == (0.3, 10)
+    assert precision_at_top(y, s, 0.2) == (0.5, 2) and precision_at_top(y, s, 0.25) == (2 / 3, 3)  # ceil, as the cuts
+    assert precision_at_top(y[:0], s[:0], 0.5) == (None, 0)
+    # a critic under the surface floor + 0.15 is flagged; one above it, or with an undefined AP, is not
+    assert floor_warning(0.60, 0.46) and "0.600" in floor_warning(0.60, 0.46) and floor_warning(0.445, 0.555)
+    assert floor_warning(0.62, 0.46) is None and floor_warning(None, 0.5) is None and floor_warning(0.9, None) is None
+    assert floor_warning(float("nan"), 0.5) is None  # one class in the test split: AP undefined
+    c = {"ap": 0.445, "surface_ap": 0.555, "test_valid_rate": 0.34, "n_train": 500, "n_dev": 100, "n_test": 148,
+         "n_test_concepts": 30, "cuts_test": {"nc_s": {"precision": 0.4, "n_kept": 30}}}
+    md = "\n".join(_discriminator_lines(c))
+    assert "Warning: the discriminator's test AP 0.445 does not beat the surface-only floor 0.555" in md
+    assert "| precision of the nc_s cut on test (kept) | 0.400 (30) |" in md and "| 0.340 |" in md
+    assert "Warning" not in "\n".join(_discriminator_lines(dict(c, ap=0.8)))
+
+
 def test_first_sentence_and_word_matching():
     s = F.first_sentence(pd.Series(["are cheaper. They are", "have more wheels", " are lighter!  x"]))
     assert s.tolist() == ["are cheaper.", "have more wheels", "are lighter!"]

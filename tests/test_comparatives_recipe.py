@@ -53,13 +53,18 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     assert disc["nc_xl"] == counts["contradiction"]["out"] and disc["nc_s"] <= disc["nc_l"] <= disc["nc_xl"]
     metrics = json.loads((it / "metrics.json").read_text())
     assert set(metrics["nc_xl"]) >= {"n"} and "critic" in metrics
+    # each cut's precision on the critic's test split, which the report shows beside the floor and the base rate
+    cuts = metrics["critic"]["cuts_test"]
+    assert set(cuts) == {"nc_xl", "nc_l", "nc_s"} and cuts["nc_xl"]["n_kept"] == metrics["critic"]["n_test"]
+    assert cuts["nc_xl"]["precision"] == pytest.approx(metrics["critic"]["test_valid_rate"])
+    assert "## Discriminator" in (it / "report.md").read_text()
     assert (it / "report.md").exists() and (it / "comparative_qa.jsonl").exists()
     qa = read_jsonl(it / "comparative_qa.jsonl")
     for q in qa:
         assert q["text"].startswith("Question: Which of the following ") and q["answer"] in ("A", "B")
     # §4.3: the exported QA is scored (by the generator here) with its answer balance
     ev = metrics["comparative_qa"]
-    assert ev["n"] == len(qa) and ev["balanced"] and ev["model_is_generator"]
+    assert ev["n"] == len(qa) and ev["balanced"] and ev["model_is_generator"] and ev["model"] == cfg.model.name
     assert len(read_jsonl(it / "qa_eval" / "predictions.jsonl")) == len(qa)
     assert "(the generator, on QA from its own output): accuracy" in (it / "report.md").read_text() or not qa
     # per-stage counts also in the tracker's CSV metrics

@@ -62,3 +62,6 @@ def test_markdown_report_lists_iterations_and_samples():
               heldout_n_labelled=150)
     md2 = render_markdown(m2, sample, [m2], None)
     assert "probe shift is 0.250" in md2 and "| – / " in md2 and "0.600 ± 0.080 (n=150)" in md2
+    assert "does not beat" not in md2  # no surface AP: no floor warning
+    md3 = render_markdown(dict(m, critic_ap=0.6, critic_surface_ap=0.5), sample, [m], None)
+    assert "Warning: the critic's test AP 0.600 does not beat the surface-only floor 0.500" in md3

@@ -201,6 +201,7 @@ def _recorded(critic: dict, cfg) -> dict:
 
 
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None) -> dict:
+    from critics.metrics import precision_at_top
     from critics.scoring import score_texts
     from critics.train import fingerprint_view, train_critic
     from i2d2.lightning_setup import resolve_device
@@ -226,11 +227,20 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
 
     summary = run_stage(out_dir, fingerprint(in_path, critic_model, _plain(dcfg)), body,
                         name="filter/discriminator")
+    # what each cut holds on the critic's test split (labelled comparatives of pairs it never trained on): the
+    # cuts keep fractions, so their precision beside the test base rate says whether a smaller set is a better one
+    test = read_jsonl(critic_dir / "test_scores.jsonl")
+    y, s = np.asarray([r["y"] for r in test]), np.asarray([r["critic_score"] for r in test])
+    cut_test = {name: dict(zip(("precision", "n_kept"), precision_at_top(y, s, float(frac))))
+                for name, frac in _plain(dcfg.cuts).items()} if len(test) else {}
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
-    return {**summary, "critic": {k: critic.get(k) for k in ("ap", "ap_perplexity", "delta", "precision", "recall",
-                                                             "p_at_r", "n_train", "n_dev", "n_test",
-                                                             "surface_ap", "n_kept_test", "sources")}}
+        tracker.log_metrics({f"critic/test_precision_{name}": c["precision"] for name, c in cut_test.items()
+                             if c["precision"] is not None})
+    return {**summary, "critic": {**{k: critic.get(k) for k in (
+        "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "n_train", "n_dev", "n_test",
+        "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test", "sources")},
+        "cuts_test": cut_test}}
 
 
 # ----------------------------------------------------------------------------- the iteration
@@ -324,9 +334,9 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     metrics = {"counts": counts}
     sets = {"nc": final}
     if disc is not None:
-        sets = {name: _df(fdir / "discriminator" / f"{name}.jsonl") for name in fcfg.discriminator.cuts}
-    for name, df in sets.items():
-        metrics[name] = corpus_metrics(df, wl.comparatives)
+        sets = {cut: _df(fdir / "discriminator" / f"{cut}.jsonl") for cut in fcfg.discriminator.cuts}
+    for set_name, df in sets.items():  # not ``name``: that is the generator, which the QA evaluation names below
+        metrics[set_name] = corpus_metrics(df, wl.comparatives)
     metrics["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     if disc is not None:
         metrics["critic"] = disc["critic"]
@@ -344,7 +354,9 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     if task.qa.evaluate.enabled:
         t0 = time.time()
         metrics["comparative_qa"] = run_stage(
-            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl", _plain(task.qa.evaluate), model_key, cfg.seed),
+            # v2: runs before it recorded a statement set's name as the scoring model's
+            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl", _plain(task.qa.evaluate), model_key, cfg.seed,
+                                        "qa-eval-v2"),
             lambda d: qa_eval_stage(cfg, it / "comparative_qa.jsonl", d, (model, tok), name), name="qa_eval")
         metrics["timings_s"]["qa_eval"] = round(time.time() - t0, 1)
         write_json(it / "metrics.json", metrics)
@@ -401,6 +413,9 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
         if isinstance(m, dict) and "n_pairs" in m and m["n"]:  # the statement sets (nc / nc_xl / nc_l / nc_s)
             lines.append(f"| {name} | {m['n']} | {m['n_pairs']} | {fmt(m['self_bleu_2'])} | {fmt(m['self_bleu_3'])} "
                          f"| {fmt(m['relation_entropy'])} |")
+    c = metrics.get("critic")
+    if c:
+        lines += _discriminator_lines(c)
     lines += ["", "## Samples", ""] + [f"- {r.statement} (S={r.score:.3f})" for r in samples.itertuples()]
     lines += ["", "## ComparativeQA", ""] + [f"- {q['text']}" for q in qa]
     e = metrics.get("comparative_qa")
@@ -410,6 +425,28 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
                       f"(answers {e['answer_counts']}, constant-guess baseline {fmt(e['majority_baseline'])}, "
                       f"predicted A {fmt(e['predicted_A_share'])})"]
     return "\n".join(lines) + "\n"
+
+
+def _discriminator_lines(c: dict) -> list[str]:
+    """The report's discriminator section: every number from the critic's test split (pairs it never trained on)."""
+    from critics.surface import FLOOR_MARGIN, floor_warning
+
+    lines = ["", "## Discriminator (test split: labelled comparatives of pairs the critic never trained on)", ""]
+    below = floor_warning(c.get("ap"), c.get("surface_ap"), what="the discriminator")
+    if below:
+        lines += [f"> **Warning: {below}.** What the smaller cuts gain over keeping everything is their test "
+                  "precision below, against the share valid.", ""]
+    lines += ["| measure | value |", "|---|---|",
+              f"| labelled statements train / dev / test (test pairs) | {c.get('n_train')} / {c.get('n_dev')} / "
+              f"{c.get('n_test')} ({fmt(c.get('n_test_concepts'))}) |",
+              f"| share valid, test (the precision of keeping everything) | {fmt(c.get('test_valid_rate'))} |",
+              f"| discriminator AP, test | {fmt(c.get('ap'))} |",
+              f"| surface-only floor AP, test (must beat it by ≥ {FLOOR_MARGIN}) | {fmt(c.get('surface_ap'))} |",
+              ] + ([f"| LM-perplexity AP, test | {fmt(c['ap_perplexity'])} |"] if c.get("ap_perplexity") is not None
+                   else [])
+    lines += [f"| precision of the {name} cut on test (kept) | {fmt(v['precision'])} ({v['n_kept']}) |"
+              for name, v in (c.get("cuts_test") or {}).items()]
+    return lines
 
 
 def run(cfg) -> dict:

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from critics.surface import floor_warning
 from i2d2.io import read_jsonl, write_json, write_text
 from i2d2.metrics import chapman_estimate, self_bleu
 
@@ -192,6 +193,9 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
     if shift is not None and shift > 0.1:
         lines[-2:-2] = [f"> **Warning: the critic's probe shift is {shift:.3f} (> 0.1): meaning-preserving rewrites move "
                         "its score, so it partly judges wording, not truth** (critic/probe_scores.jsonl).", ""]
+    below_floor = floor_warning(m.get("critic_ap"), m.get("critic_surface_ap"))
+    if below_floor:
+        lines[-2:-2] = [f"> **Warning: {below_floor}** (critic/metrics.json).", ""]
     rows = [
         ("prompts", m["n_prompts"]), ("generations", m["n_generations"]),
         ("constraint satisfaction rate", m["constraint_satisfaction_rate"]),
