@@ -6,7 +6,7 @@ import json
 import pytest
 
 from i2d2.models import load_spacy
-from i2d2.negverse.filters import filter_grammar, grammar_reason
+from i2d2.negverse.filters import clause_reason, filter_grammar, grammar_reason
 from i2d2.negverse.masking import BLANK, mask_variants
 
 
@@ -53,6 +53,52 @@ def test_grammar_filter_checks_only_the_new_cues(nlp):
     kept, dropped = filter_grammar(rows, nlp)
     assert [r["negation"] for r in kept] == ["There is no bakery."]
     assert dropped[0]["drop_reason"] == "ungrammatical:cue_with_determiner"
+
+
+# (original, candidate, why): a candidate's verbs must still make the original's clause
+CLAUSES = [("The librarian found the book.", "The librarian did not find the book.", None),
+           ("The librarian found the book.", "Nobody found the book.", None),
+           ("The librarian found the book.", "The librarian never found the book.", None),
+           ("He can swim.", "He cannot swim.", None),
+           ("They will visit us.", "They will not visit us.", None),
+           ("The shop sells bread.", "The shop does not really sell bread.", None),  # an adverb before the verb
+           ("He did his homework.", "He didn't do his homework.", None),
+           ("He did his homework.", "He did nothing.", None),  # 'do' as the main verb, no 'not' after it
+           ("He said he was happy.", "He said nothing.", None),  # fewer finite verbs is no error
+           ("The librarian found the book.", "The librarian did not found the book.", "do_without_bare_verb"),
+           ("The doctor was patient.", "The doctor didn't patient.", "do_without_bare_verb"),
+           ("The answer seems logical.", "The answer doesn't seems logical.", "do_without_bare_verb"),
+           ("The answer seems logical.", "The answer does not seem seems logical.", "extra_finite_verb"),
+           ("The librarian found the book.", "The librarian found the did not find book.", "extra_finite_verb"),
+           ("The new bridge is safe.", "The new bridge not safe.", "no_finite_verb"),
+           ("There is a cafe near the station.", "There not a cafe near the station.", "no_finite_verb"),
+           ("All of the tickets were sold.", "All of no tickets were sold.", "no_in_partitive"),
+           ("All of the tickets were sold.", "None of the tickets were sold.", None)]
+
+
+@pytest.mark.parametrize("original,candidate,why", CLAUSES)
+def test_clause_check_compares_the_candidates_verbs_with_the_originals(nlp, original, candidate, why):
+    assert clause_reason(nlp(candidate), nlp(original)) == why
+
+
+def test_grammar_filter_runs_the_clause_check_and_scores_judged_outputs(nlp, tmp_path):
+    from i2d2.negverse.cues import CueDetector
+    from i2d2.negverse.grammar_eval import score_judged
+
+    rows = [{"original": "The new bridge is safe.", "negation": "The new bridge not safe."},
+            {"original": "The new bridge is safe.", "negation": "The new bridge is not safe."}]
+    kept, dropped = filter_grammar(rows, nlp)
+    assert [r["negation"] for r in kept] == ["The new bridge is not safe."]
+    assert dropped[0]["drop_reason"] == "ungrammatical:no_finite_verb"
+    judged = tmp_path / "judged.jsonl"
+    judged.write_text("\n".join(json.dumps(r) for r in [
+        {"source": "The new bridge is safe.", "statement": "The new bridge not safe.", "label": "ungrammatical"},
+        {"source": "The new bridge is safe.", "statement": "The new bridge is not safe.", "label": "valid"},
+        {"source": "The cat slept.", "statement": "The cat not slept.", "label": "ungrammatical"},
+        {"source": "The cat slept.", "statement": "The dog slept.", "label": "not_negation"}]) + "\n")
+    got = score_judged(judged, nlp, CueDetector(nlp))
+    assert (got["n"], got["n_kept"], got["dropped_ungrammatical"], got["dropped_valid"]) == (4, 2, 2, 0)
+    assert got["valid_share_before"] == 0.25 and got["valid_share_after"] == 0.5 and got["drop_precision"] == 1.0
 
 
 def test_six_variants_keep_a_two_blank_slot_where_the_parse_allows(nlp):

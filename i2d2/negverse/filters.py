@@ -197,14 +197,45 @@ def grammar_reason(doc, cue_indices: list[int] | None = None) -> str | None:
     return None
 
 
+_FINITE_OR_MODAL = _FINITE_TAGS | {"MD"}
+_QUANTIFIERS = {"all", "most", "some", "many", "each", "both", "several", "few", "any", "much"}
+
+
+def clause_reason(doc, orig_doc) -> str | None:
+    """Why the candidate's verbs do not make the clause its original had, or None. By part-of-speech tags, which
+    stay informative where a broken sentence's parse does not:
+    - 'do' + not/n't must be followed by a bare verb: 'did not found', "doesn't in his garden", 'does not logical';
+    - no more finite verbs (or modals) than the original, where the negation replaced a verb instead of adding
+      do-support around it: 'found the did not find book', 'does not seem seems', "grows tomatoes doesn't grow";
+    - a finite verb where the original had one: 'There not a cafe', 'The new bridge not safe';
+    - no 'no' inside a partitive: 'All of no tickets'."""
+    for t in doc:
+        if t.lemma_ == "do" and t.tag_ in _FINITE_TAGS and t.i + 1 < len(doc) and doc[t.i + 1].lower_ in _NOT:
+            nxt = next((u for u in doc[t.i + 2:] if u.tag_ not in ("RB", "RBR", "RBS")), None)
+            if nxt is None or nxt.tag_ != "VB":
+                return "do_without_bare_verb"
+        if t.lower_ == "no" and t.dep_ == "det" and t.head.head.lower_ == "of" \
+                and t.head.head.head.lower_ in _QUANTIFIERS:
+            return "no_in_partitive"
+    n, n_orig = (sum(t.tag_ in _FINITE_OR_MODAL for t in d) for d in (doc, orig_doc))
+    if n > n_orig:
+        return "extra_finite_verb"
+    if n_orig and not n:
+        return "no_finite_verb"
+    return None
+
+
 def filter_grammar(rows: list[dict], nlp):
-    """Keep candidates whose negation cues sit where the dependency parse says English allows them;
-    dropped rows carry ``drop_reason`` 'ungrammatical:<why>'."""
+    """Keep candidates whose negation cues sit where the dependency parse says English allows them and whose
+    verbs still make the original's clause (``clause_reason``); dropped rows carry ``drop_reason``
+    'ungrammatical:<why>'."""
+    originals = list(dict.fromkeys(r["original"] for r in rows))
+    orig_docs = dict(zip(originals, nlp.pipe(originals)))
     docs = nlp.pipe([r["negation"] for r in rows])
     for r, doc in zip(rows, docs):
         cues = r.get("cues")
-        why = grammar_reason(doc, [c["index"] for c in cues] if cues else None)
-        r["grammar"] = why
+        r["grammar"] = grammar_reason(doc, [c["index"] for c in cues] if cues else None) \
+            or clause_reason(doc, orig_docs[r["original"]])
     return _split(rows, lambda r: r["grammar"] is None, lambda r: f"ungrammatical:{r['grammar']}")
 
 

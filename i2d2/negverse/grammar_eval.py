@@ -8,6 +8,12 @@ twice: every filter but the grammaticality check ("before"), then with it ("afte
 rates and the grammar filter's drop reasons, and writes ``negverse_judge_before.jsonl`` and
 ``negverse_judge_after.jsonl`` (``{"id", "statement", "source"}``: a seeded sample of kept negations and
 the sentence each came from) for a person to judge, plus ``negverse_grammar_dropped.jsonl``.
+
+    python -m i2d2.negverse.grammar_eval --judged i2d2/data/negverse/judged/fresh_outputs.jsonl
+
+scores the current grammar filter on judged outputs (rows with ``source``, ``statement`` and a ``label`` of
+``i2d2/data/negverse/judged/GUIDE.md``): the share valid before and after it, and how many of the ungrammatical
+and of the valid ones it drops. Judged rows that shaped the filter measure nothing: score fresh ones.
 """
 
 from __future__ import annotations
@@ -27,9 +33,37 @@ def judge_rows(rows: list[dict], n: int, prefix: str, seed: int = 0) -> list[dic
             for i, r in enumerate(picked)]
 
 
+def score_judged(path: Path, nlp, detector) -> dict:
+    """The grammar filter on judged outputs: kept / valid before and after it, and its drops by label."""
+    from i2d2.io import read_jsonl
+    from i2d2.negverse.filters import filter_cue, filter_grammar
+
+    judged = read_jsonl(path, required=("source", "statement", "label"))
+    rows = [{"original": r["source"], "negation": r["statement"], "label": r["label"]} for r in judged]
+    filter_cue(rows, detector)  # the cue positions the grammar filter checks, as in the pipeline
+    kept, dropped = filter_grammar(rows, nlp)
+
+    def count(rs, label):
+        return sum(r["label"] == label for r in rs)
+
+    reasons: dict[str, int] = {}
+    for r in dropped:
+        reasons[r["drop_reason"]] = reasons.get(r["drop_reason"], 0) + 1
+    return {"judged": str(path), "n": len(rows), "labels": {k: count(rows, k) for k in sorted({r["label"] for r in rows})},
+            "valid_share_before": count(rows, "valid") / len(rows) if rows else None,
+            "n_kept": len(kept), "valid_share_after": count(kept, "valid") / len(kept) if kept else None,
+            "n_dropped": len(dropped), "dropped_ungrammatical": count(dropped, "ungrammatical"),
+            "dropped_valid": count(dropped, "valid"), "dropped_not_negation": count(dropped, "not_negation"),
+            "ungrammatical_recall": count(dropped, "ungrammatical") / count(rows, "ungrammatical")
+            if count(rows, "ungrammatical") else None,
+            "drop_precision": count(dropped, "ungrammatical") / len(dropped) if dropped else None,
+            "drop_reasons": reasons}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m i2d2.negverse.grammar_eval", description=__doc__.split("\n\n")[0])
-    p.add_argument("--adapter", type=Path, required=True)
+    p.add_argument("--adapter", type=Path, help="the prompt-tuned adapter that generates (not with --judged)")
+    p.add_argument("--judged", type=Path, help="score the grammar filter on these judged outputs instead")
     p.add_argument("--out-dir", type=Path, default=Path("."))
     p.add_argument("--n-judge", type=int, default=40)
     p.add_argument("--max-sentences", type=int, default=None, help="first N held-out sentences only (CPU time)")
@@ -48,9 +82,15 @@ def main(argv=None) -> int:
     from i2d2.negverse.model import NegVerseLM
     from i2d2.negverse.pipeline import candidates
 
+    if (args.adapter is None) == (args.judged is None):
+        p.error("give --adapter (generate and filter) or --judged (score the filter on judged outputs)")
     with initialize_config_dir(config_dir=str(config.CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["task=negverse", *args.overrides])
     t = cfg.task
+    if args.judged is not None:
+        nlp = load_spacy(t.spacy)
+        print(json.dumps(score_judged(args.judged, nlp, CueDetector(nlp, lexicon=t.cue_lexicon)), indent=1))
+        return 0
     gen = OmegaConf.to_container(t.generate, resolve=True)
     filt = OmegaConf.to_container(t.filters, resolve=True)
     sentences = read_sentences(resolve(cfg.data.eval_sentences, "eval_sentences.txt"))[: args.max_sentences]
