@@ -73,7 +73,18 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("The new bridge is safe.", "The new bridge not safe.", "no_finite_verb"),
            ("There is a cafe near the station.", "There not a cafe near the station.", "no_finite_verb"),
            ("All of the tickets were sold.", "All of no tickets were sold.", "no_in_partitive"),
-           ("All of the tickets were sold.", "None of the tickets were sold.", None)]
+           ("All of the tickets were sold.", "None of the tickets were sold.", None),
+           ("The bus arrives every hour.", "never arrives every hour.", "no_subject"),
+           ("The dog barked at the cat.", "The dog barked at nobody.", None),  # its parse has no subject arc
+           ("Most of the guests arrived.", "Most did not arrive.", None),
+           ("Yes, he left.", "No, he left.", None),
+           ("The coffee smells strong.", "The coffee smells no.", "no_without_noun"),
+           ("The mechanic repaired the car quickly.", "The mechanic repaired no quickly.", "no_without_noun"),
+           ("He still works here.", "He no longer works here.", None),
+           ("There is a cafe near the station.", "There is a cafe near no station.", None),
+           ("She remembers her first day at school.", "She remembers her first day not school.",
+            "cue_for_preposition"),
+           ("The lamp is on the table.", "The lamp is not on the table.", None)]
 
 
 @pytest.mark.parametrize("original,candidate,why", CLAUSES)

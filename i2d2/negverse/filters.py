@@ -201,15 +201,54 @@ _FINITE_OR_MODAL = _FINITE_TAGS | {"MD"}
 _QUANTIFIERS = {"all", "most", "some", "many", "each", "both", "several", "few", "any", "much"}
 
 
+_SUBJECT_TAGS = {"NN", "NNS", "NNP", "NNPS", "PRP", "EX", "CD", "WP"}
+_PRONOMINAL = {"all", "most", "some", "many", "each", "both", "neither", "either", "few", "several", "this", "that",
+               "these", "those", "much", "more", "less"}
+_NO_BEFORE = {"longer", "more", "less", "fewer", "doubt", "matter", "one"}  # 'no longer', 'no one', 'no doubt'
+
+
+def _has_subject(doc) -> bool:
+    """A noun, pronoun or pronominal determiner before the first finite verb (by tags: a broken sentence's parse
+    often has no subject arc even where the words are there, e.g. 'The dog barked at nobody.')."""
+    for t in doc:
+        if t.tag_ in _FINITE_OR_MODAL:
+            return False
+        if t.tag_ in _SUBJECT_TAGS or t.lower_ in _PRONOMINAL:
+            return True
+    return False
+
+
+def _cue_for_preposition(doc, orig_doc) -> bool:
+    """The candidate replaced one of the original's prepositions with a negation: 'her first day not school',
+    'a park no the school', "their grandparents didn't Sunday"."""
+    from difflib import SequenceMatcher
+
+    a, b = [t.lower_ for t in orig_doc], [t.lower_ for t in doc]
+    for op, i1, i2, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "replace" and all(t.tag_ == "IN" for t in orig_doc[i1:i2]) \
+                and any(t.lower_ in _CUES or t.lower_ == "n't" for t in doc[j1:j2]) \
+                and not any(t.tag_ == "IN" for t in doc[j1:j2]):
+            return True
+    return False
+
+
 def clause_reason(doc, orig_doc) -> str | None:
-    """Why the candidate's verbs do not make the clause its original had, or None. By part-of-speech tags, which
-    stay informative where a broken sentence's parse does not:
+    """Why the candidate's verbs and cues do not make the clause its original had, or None. By part-of-speech tags
+    and word alignment, which stay informative where a broken sentence's parse does not:
     - 'do' + not/n't must be followed by a bare verb: 'did not found', "doesn't in his garden", 'does not logical';
     - no more finite verbs (or modals) than the original, where the negation replaced a verb instead of adding
       do-support around it: 'found the did not find book', 'does not seem seems', "grows tomatoes doesn't grow";
     - a finite verb where the original had one: 'There not a cafe', 'The new bridge not safe';
+    - a subject before the first finite verb where the original had one: 'never arrives every ten minutes';
+    - 'no' followed by a noun phrase (or 'longer', 'one', ...): 'The coffee smells no.', 'repaired no quickly';
+    - no negation in place of a preposition: 'her first day not school';
     - no 'no' inside a partitive: 'All of no tickets'."""
     for t in doc:
+        if t.lower_ == "no" and not (t.i == 0 and t.i + 1 < len(doc) and doc[t.i + 1].lower_ == ","):
+            nxt = doc[t.i + 1] if t.i + 1 < len(doc) else None
+            if nxt is None or (nxt.lower_ not in _NO_BEFORE
+                               and (nxt.is_punct or nxt.tag_.startswith(("VB", "RB", "IN", "MD", "TO", "DT")))):
+                return "no_without_noun"
         if t.lemma_ == "do" and t.tag_ in _FINITE_TAGS and t.i + 1 < len(doc) and doc[t.i + 1].lower_ in _NOT:
             nxt = next((u for u in doc[t.i + 2:] if u.tag_ not in ("RB", "RBR", "RBS")), None)
             if nxt is None or nxt.tag_ != "VB":
@@ -222,6 +261,10 @@ def clause_reason(doc, orig_doc) -> str | None:
         return "extra_finite_verb"
     if n_orig and not n:
         return "no_finite_verb"
+    if _has_subject(orig_doc) and not _has_subject(doc):
+        return "no_subject"
+    if _cue_for_preposition(doc, orig_doc):
+        return "cue_for_preposition"
     return None
 
 
