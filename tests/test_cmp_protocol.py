@@ -137,6 +137,24 @@ def test_report_keeps_smoke_fixtures_out_of_the_headline_table():
     assert "crossattention are randomly initialised" in head and "bleu_uncased" in head
 
 
+def test_report_flags_a_model_that_does_not_beat_the_constant_answer():
+    from i2d2.recipes.cmp import _report
+
+    zs = {"base": {"em": 0.0, "f1": 0.0, "n": 405, "n_distinct_predictions": 300, "top_prediction": "the " * 30,
+                   "top_prediction_share": 0.02},
+          "pretrained": {"em": 25.68, "f1": 25.68, "n": 405, "n_distinct_predictions": 1, "top_prediction": "no",
+                         "top_prediction_share": 1.0},
+          "constant": {"em": 25.68, "f1": 25.68, "n": 405, "answer": "no"}}
+    text = _report({"zero_shot": zs})
+    assert "Warning: pretrained does not beat always answering 'no'** (F1 25.68 against 25.68); it answers 'no' " \
+           "to 100% of the questions" in text and "Warning: base does not beat always answering 'no'** (F1 0.00 " \
+           "against 25.68)." in text  # a 2 % answer is not named
+    assert "| pretrained | 25.68 | 25.68 | 405 | 1 ('no', 100%) |" in text and "| 300 ('the the the the" in text
+    assert "the…', 2%) |" in text and "| constant ('no') | 25.68 | 25.68 | 405 | – |" in text
+    zs["pretrained"].update(f1=40.0, n_distinct_predictions=30, top_prediction_share=0.3)
+    assert "Warning: pretrained" not in _report({"zero_shot": zs})
+
+
 def test_bleu_is_labelled_uncased_for_case_folding_tokenizers():
     preds, refs = ["which city is larger, paris or rome?"], [["Which city is larger, Paris or Rome?"]]
     cased, uncased = task_scores("qg", preds, refs), task_scores("qg", preds, refs, lowercase=True)

@@ -138,6 +138,8 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
 
 
 def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, tracker: Tracker) -> dict:
+    from collections import Counter
+
     t, ev = cfg.task, cfg.task.eval
     held_out = splits["test"]
     if ev.get("limit"):
@@ -152,14 +154,16 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
                                               int(ev.batch_size), int(t.pretrain.max_source_length),
                                               int(ev.max_new_tokens))
         write_jsonl(out_dir / f"predictions_{name}.jsonl", rows)
+        # a model that gives one answer to everything scores like the constant baseline: say so beside its F1
+        top_pred, n_top = Counter(r["prediction"] for r in rows).most_common(1)[0] if rows else (None, 0)
+        metrics = {**metrics, "n_distinct_predictions": len({r["prediction"] for r in rows}),
+                   "top_prediction": top_pred, "top_prediction_share": n_top / len(rows) if rows else None}
         out[name] = metrics
-        tracker.log_metrics({f"cmp/zero_shot_{name}/{k}": v for k, v in metrics.items()})
+        tracker.log_metrics({f"cmp/zero_shot_{name}/{k}": v for k, v in metrics.items() if k != "top_prediction"})
         tracker.log_table(f"cmp/zero_shot_{name}_samples", ["template", "question", "answer", "prediction"],
                           [[r["template"], r["question"], r["answer"], r["prediction"]] for r in rows[:50]])
         del model
     # reference point: always answering the most frequent training answer (e.g. "yes")
-    from collections import Counter
-
     from i2d2.cmp.evaluation import qa_scores
 
     top = Counter(p.answer for q in splits["train"] for p in qa_pairs(q)).most_common(1)[0][0]
@@ -260,6 +264,10 @@ def _model_notes(summary: dict) -> list[str]:
     return notes
 
 
+def _short(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _report(summary: dict) -> str:
     lines = ["# CMP run report", ""]
     notes = _model_notes(summary)
@@ -280,9 +288,18 @@ def _report(summary: dict) -> str:
                       f"validation / {sp['test']} test quintuples ({sp['dropped']} dropped: they pair a training "
                       f"entity with a held-out one); test entities {sp['entities']['test']}, entities, documents "
                       f"and facts shared with training: {sum(sp['shared_with_train']['test'].values())}.", ""]
-        lines += ["| model | EM | F1 | n |", "|---|---|---|---|"]
+        const = zs.get("constant")
+        for m, v in zs.items():
+            if m != "constant" and const and v["f1"] <= const["f1"]:
+                top = (f"; it answers {_short(v['top_prediction'])!r} to {v['top_prediction_share']:.0%} of the "
+                       "questions" if (v.get("top_prediction_share") or 0) >= 0.5 else "")
+                lines += [f"> **Warning: {m} does not beat always answering {const['answer']!r}** (F1 {v['f1']:.2f} "
+                          f"against {const['f1']:.2f}){top}.", ""]
+        lines += ["| model | EM | F1 | n | distinct answers (most common, share) |", "|---|---|---|---|---|"]
         lines += [f"| {m}{' (' + repr(v['answer']) + ')' if 'answer' in v else ''} | {v['em']:.2f} | {v['f1']:.2f} "
-                  f"| {v['n']} |" for m, v in zs.items()]
+                  f"| {v['n']} | " + (f"{v['n_distinct_predictions']} ({_short(v['top_prediction'])!r}, "
+                                      f"{v['top_prediction_share']:.0%})" if v.get("top_prediction") is not None
+                                      else "–") + " |" for m, v in zs.items()]
         lines.append("")
     ds = summary.get("downstream", {})
     real = {k: r for k, r in ds.items() if not r.get("smoke")}
@@ -357,7 +374,7 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
     tracker.log_metrics({f"cmp/pretrain_{when}/{k}": v for when in ("initial", "final") for k, v in pre[when].items()})
     model_dir = run_dir / "pretrain" / "model"
 
-    fp_eval = fingerprint(fp_pre, _container(t.eval))
+    fp_eval = fingerprint(fp_pre, _container(t.eval), "cmp-eval-v2")  # v2: answer counts per model
     summary["zero_shot"] = run_stage(run_dir / "eval", fp_eval,
                                      lambda d: zero_shot_eval(cfg, splits, summaries, model_dir, d, tracker), "eval")
     if t.downstream.datasets:
