@@ -31,15 +31,25 @@ PROBES = Path(__file__).resolve().parent.parent / "i2d2" / "data" / "annotations
 FLOOR_MARGIN = 0.15  # a critic's test AP must beat the surface-only floor's by this much to count as judging content
 
 
+def floor_margin(surface_ap: float) -> float:
+    """``FLOOR_MARGIN``, or half the room left above a high floor (a floor of 0.9 leaves 0.1: no critic could beat it
+    by 0.15)."""
+    return min(FLOOR_MARGIN, (1.0 - surface_ap) / 2)
+
+
 def floor_warning(ap, surface_ap, what: str = "the critic") -> str | None:
-    """The loud warning for a critic whose test AP does not beat the surface-only floor by ``FLOOR_MARGIN`` (None
-    when it does, or when either AP is undefined): wording alone ranks about as well, so its kept set is not a
-    truth judgement."""
-    if ap is None or surface_ap is None or not np.isfinite(ap - surface_ap) or ap - surface_ap >= FLOOR_MARGIN:
+    """The loud warning for a critic whose test AP does not beat the surface-only floor by ``floor_margin`` (None
+    when it does, or when either AP is undefined): its kept set is then not a truth judgement."""
+    if ap is None or surface_ap is None or not np.isfinite(ap - surface_ap):
         return None
-    return (f"{what}'s test AP {ap:.3f} does not beat the surface-only floor {surface_ap:.3f} by {FLOOR_MARGIN} "
-            f"({ap - surface_ap:+.3f}): wording cues alone (length, article, adverb, relation) rank the test "
-            f"statements {'better' if surface_ap > ap else 'about as well'}, so its scores say little about truth")
+    need = floor_margin(surface_ap)
+    if ap - surface_ap >= need:
+        return None
+    how = ("wording cues alone (length, article, adverb, relation) rank the test statements better"
+           if surface_ap > ap else f"it ranks the test statements less than {need:.2f} better than wording cues alone "
+                                  "(length, article, adverb, relation)")
+    return (f"{what}'s test AP {ap:.3f} does not beat the surface-only floor {surface_ap:.3f} by {need:.2f} "
+            f"({ap - surface_ap:+.3f}): {how}, so its scores say little about truth")
 
 
 _WORD = re.compile(r"[\w'’]+", re.UNICODE)

@@ -147,12 +147,16 @@ def test_report_flags_a_model_that_does_not_beat_the_constant_answer():
           "constant": {"em": 25.68, "f1": 25.68, "n": 405, "answer": "no"}}
     text = _report({"zero_shot": zs})
     assert "Warning: pretrained does not beat always answering 'no'** (F1 25.68 against 25.68); it answers 'no' " \
-           "to 100% of the questions" in text and "Warning: base does not beat always answering 'no'** (F1 0.00 " \
+           "to 100.0% of the questions" in text and "Warning: base does not beat always answering 'no'** (F1 0.00 " \
            "against 25.68)." in text  # a 2 % answer is not named
-    assert "| pretrained | 25.68 | 25.68 | 405 | 1 ('no', 100%) |" in text and "| 300 ('the the the the" in text
-    assert "the…', 2%) |" in text and "| constant ('no') | 25.68 | 25.68 | 405 | – |" in text
+    assert "| pretrained | 25.68 | 25.68 | 405 | 1 ('no', 100.0%) |" in text and "| 300 ('the the the the" in text
+    assert "the…', 2.0%) |" in text and "| constant ('no') | 25.68 | 25.68 | 405 | – |" in text
     zs["pretrained"].update(f1=40.0, n_distinct_predictions=30, top_prediction_share=0.3)
     assert "Warning: pretrained" not in _report({"zero_shot": zs})
+    # above the constant by a little, but one answer nearly always; a '|' in an answer stays inside its cell
+    zs["pretrained"].update(f1=25.70, top_prediction="a|b", top_prediction_share=404 / 405)
+    text = _report({"zero_shot": zs})
+    assert "Warning: pretrained nearly always gives one answer**: it answers 'a\\|b' to 99.8% of the questions" in text
 
 
 def test_bleu_is_labelled_uncased_for_case_folding_tokenizers():

@@ -87,6 +87,43 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("The lamp is on the table.", "The lamp is not on the table.", None)]
 
 
+# grammatical negations outside the simple declaratives the rules were written from (an independent review's cases):
+# questions, ellipsis, imperatives, coordination, negative inversion, 'no' as an answer, tagger slips on the original
+# ('Money talks.': talks/NNS), curly apostrophes
+VALID_ELSEWHERE = [("Does it work?", "Doesn't it work?"), ("Why did he leave?", "Why didn't he leave?"),
+                   ("Yes, I do.", "No, I don't."), ("Close the door.", "Don't close the door."),
+                   ("Do it now.", "Don't do it now."), ("He can sing and dance.", "He can sing but doesn't dance."),
+                   ("They have eaten and left.", "They have eaten but haven't left."),
+                   ("Money talks.", "Money does not talk."), ("Students like homework.", "Students do not like homework."),
+                   ("The teacher smiled and nodded.", "The teacher didn't smile and didn't nod."),
+                   ("They visit the castle.", "They do not visit the castle."),
+                   ("He has lied.", "Never has he lied."), ("He called.", "Not once did he call."),
+                   ("He said yes to the offer.", "He said no to the offer."), ("The answer is yes.", "The answer is no."),
+                   ("Someone called.", "No-one called."), ("He went further.", "He went no further."),
+                   ("Oh yes, he left.", "Oh no, he didn't leave."), ("Oh no, the bus left.", "Oh no, the bus didn't leave."),
+                   ("Kids play outside.", "Kids never play outside."), ("He likes tea.", "He doesn’t like tea."),
+                   ("I’m ready.", "I’m not ready.")]
+
+
+@pytest.mark.parametrize("original,candidate", VALID_ELSEWHERE)
+def test_grammar_filter_keeps_grammatical_negations_of_other_shapes(nlp, original, candidate):
+    from i2d2.negverse.cues import CueDetector
+    from i2d2.negverse.filters import filter_cue
+
+    rows = [{"original": original, "negation": candidate}]
+    filter_cue(rows, CueDetector(nlp))  # the pipeline checks the new cues' positions
+    kept, dropped = filter_grammar(rows, nlp)
+    assert kept, dropped[0]["drop_reason"]
+
+
+def test_grammar_filter_reads_curly_apostrophes_as_plain_ones(nlp):
+    rows = [{"original": "The librarian found the book.", "negation": "The librarian didn’t found the book."},
+            {"original": "The puppy chews the old slippers.", "negation": "no chews the old slippers."}]
+    kept, dropped = filter_grammar(rows, nlp)
+    assert not kept and [r["drop_reason"] for r in dropped] == ["ungrammatical:do_without_bare_verb",
+                                                                "ungrammatical:no_subject"]
+
+
 @pytest.mark.parametrize("original,candidate,why", CLAUSES)
 def test_clause_check_compares_the_candidates_verbs_with_the_originals(nlp, original, candidate, why):
     assert clause_reason(nlp(candidate), nlp(original)) == why
@@ -108,8 +145,9 @@ def test_grammar_filter_runs_the_clause_check_and_scores_judged_outputs(nlp, tmp
         {"source": "The cat slept.", "statement": "The cat not slept.", "label": "ungrammatical"},
         {"source": "The cat slept.", "statement": "The dog slept.", "label": "not_negation"}]) + "\n")
     got = score_judged(judged, nlp, CueDetector(nlp))
-    assert (got["n"], got["n_kept"], got["dropped_ungrammatical"], got["dropped_valid"]) == (4, 2, 2, 0)
-    assert got["valid_share_before"] == 0.25 and got["valid_share_after"] == 0.5 and got["drop_precision"] == 1.0
+    # 'The dog slept.' has no new cue: the pipeline drops it before the grammar filter
+    assert (got["n"], got["n_without_new_cue"], got["n_kept"], got["dropped_ungrammatical"]) == (4, 1, 1, 2)
+    assert got["valid_share_before"] == 1 / 3 and got["valid_share_after"] == 1.0 and got["drop_precision"] == 1.0
 
 
 def test_six_variants_keep_a_two_blank_slot_where_the_parse_allows(nlp):

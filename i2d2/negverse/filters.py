@@ -166,15 +166,18 @@ def _cue_problem(tok) -> str | None:
             return None                                   # 'no bakery'
         if tok.dep_ in ("neg", "advmod") and tok.head.i > tok.i:
             return None                                   # 'no longer', 'no more'
-        if tok.dep_ == "intj" and (tok.i == 0 or tok.nbor(-1).is_punct):
-            return None                                   # 'No, he left.'
+        if tok.dep_ == "intj" and (tok.i == 0 or tok.nbor(-1).is_punct or tok.nbor(-1).tag_ == "UH"):
+            return None                                   # 'No, he left.', 'Oh no, ...'
+        if _answer_no(tok):
+            return None                                   # 'He said no.', 'The answer is no.'
         return "misplaced_no"
     if low in _NOT:
         if tok.dep_ not in _NOT_DEPS:
             return "not_as_" + tok.dep_                   # 'the not cat' (poss)
         head = tok.head
         if tok.dep_ == "neg" and head.pos_ == "VERB" and head.tag_ in _FINITE_TAGS \
-                and head.lemma_ not in ("be", "have") and not any(c.dep_ in ("aux", "auxpass") for c in head.children):
+                and head.lemma_ not in ("be", "have", "do") \
+                and not any(c.dep_ in ("aux", "auxpass") for c in head.children):  # "I don't." is do-support
             return "not_without_auxiliary"                # 'The cat not slept.'
     if tok.dep_ in _ARGUMENT_DEPS and low in _PRONOUN_CUES | {"no"}:
         rivals = _COMPLEMENT_DEPS if tok.dep_ in _COMPLEMENT_DEPS else {tok.dep_}
@@ -204,18 +207,50 @@ _QUANTIFIERS = {"all", "most", "some", "many", "each", "both", "several", "few",
 _SUBJECT_TAGS = {"NN", "NNS", "NNP", "NNPS", "PRP", "EX", "CD", "WP"}
 _PRONOMINAL = {"all", "most", "some", "many", "each", "both", "neither", "either", "few", "several", "this", "that",
                "these", "those", "much", "more", "less"}
-_NO_BEFORE = {"longer", "more", "less", "fewer", "doubt", "matter", "one"}  # 'no longer', 'no one', 'no doubt'
+# 'no longer', 'no one', 'no doubt', 'no sooner', 'no-one'
+_NO_BEFORE = {"longer", "more", "less", "fewer", "doubt", "matter", "one", "sooner", "later", "further", "earlier",
+              "-"}
+_NO_ANSWER_VERBS = {"say", "answer", "reply", "vote", "be", "shout", "nod", "shake"}  # 'He said no.', 'is no.'
+_NEG_FRONT = {"never", "nowhere", "not", "seldom", "rarely", "hardly", "no"}  # 'Never has he lied.'
+_NP_TAGS = {"PRP", "PRP$", "DT", "NN", "NNS", "NNP", "NNPS", "JJ", "JJR", "JJS", "CD", "POS", "RB", "RBR", "RBS"}
 
 
-def _has_subject(doc) -> bool:
-    """A noun, pronoun or pronominal determiner before the first finite verb (by tags: a broken sentence's parse
-    often has no subject arc even where the words are there, e.g. 'The dog barked at nobody.')."""
+def _has_subject(doc, finite: set[int]) -> bool:
+    """A noun, pronoun or pronominal determiner before the first finite verb, or right after it when a negative
+    adverb is fronted ('Never has he lied.'); False without a finite verb (``finite``: their positions). By tags: a broken sentence's parse often has no subject arc even where
+    the words are there ('The dog barked at nobody.')."""
+    if not finite:
+        return False  # no finite verb, no subject position (an imperative: 'Close the door.')
     for t in doc:
-        if t.tag_ in _FINITE_OR_MODAL:
-            return False
+        if t.i in finite:  # inversion needs an auxiliary: 'Never has he lied.', not 'no chews the slippers.'
+            nxt = doc[t.i + 1] if t.i + 1 < len(doc) else None
+            return bool(doc[0].lower_ in _NEG_FRONT and (t.tag_ == "MD" or t.lemma_ in ("be", "have", "do"))
+                        and nxt is not None and (nxt.tag_ in {"PRP", "PRP$", "NNP", "EX"} or nxt.lower_ == "the"))
         if t.tag_ in _SUBJECT_TAGS or t.lower_ in _PRONOMINAL:
             return True
     return False
+
+
+def _predicates(doc) -> int:
+    """The original's verbs that a negation may turn into do-support: finite verbs and modals, the root (an
+    imperative's bare verb, or a verb the tagger misreads: 'Money talks.' as NNS) and verbs conjoined to it."""
+    root = next((t for t in doc if t.dep_ == "ROOT"), None)
+    idx = {t.i for t in doc if t.tag_ in _FINITE_OR_MODAL}
+    if root is not None:
+        idx.add(root.i)
+        idx |= {c.i for c in root.children if c.dep_ == "conj" and c.tag_.startswith("VB")}
+    return len(idx)
+
+
+def _alignment(doc, orig_doc) -> dict[int, int]:
+    """Candidate token position -> the original's position, for the words the candidate copied (word alignment).
+    The checks below judge only what the model wrote ('Oh no, the bus left.' keeps its 'no'), and a copied verb
+    keeps the original's tag (the tagger reads 'called' in 'No-one called.' as a participle)."""
+    from difflib import SequenceMatcher
+
+    a, b = [t.lower_ for t in orig_doc], [t.lower_ for t in doc]
+    return {j1 + k: i1 + k for op, i1, _, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+            if op == "equal" for k in range(j2 - j1)}
 
 
 def _cue_for_preposition(doc, orig_doc) -> bool:
@@ -232,40 +267,84 @@ def _cue_for_preposition(doc, orig_doc) -> bool:
     return False
 
 
+def _answer_no(t) -> bool:
+    """'no' as an answer: 'He said no (to the offer).', 'The answer is no.'"""
+    nxt = t.nbor(1) if t.i + 1 < len(t.doc) else None
+    return t.i > 0 and t.nbor(-1).lemma_ in _NO_ANSWER_VERBS and (nxt is None or nxt.is_punct or nxt.lower_ == "to")
+
+
+def _lone_no(t) -> bool:
+    doc = t.doc
+    nxt = doc[t.i + 1] if t.i + 1 < len(doc) else None
+    if nxt is not None and (nxt.lower_ in _NO_BEFORE or nxt.lower_ == ","):  # 'no longer', 'No, he left.'
+        return False
+    if _answer_no(t) or (t.i > 0 and doc[t.i - 1].tag_ == "UH"):  # 'Oh no'
+        return False
+    return nxt is None or nxt.is_punct or nxt.tag_.startswith(("VB", "RB", "IN", "MD", "TO", "DT"))
+
+
+def _do_without_bare_verb(t, orig_doc) -> bool:
+    """'do' + not/n't whose verb never comes: the next word past a subject (a question: "Doesn't it work?") and
+    adverbs must be a bare verb, or the sentence may end where the original ended on an auxiliary ('Yes, I do.' ->
+    "No, I don't.")."""
+    doc = t.doc
+    if not (t.lemma_ == "do" and t.tag_ in _FINITE_TAGS and t.i + 1 < len(doc) and doc[t.i + 1].lower_ in _NOT):
+        return False
+    nxt = next((u for u in doc[t.i + 2:] if u.tag_ not in _NP_TAGS), None)
+    if nxt is not None and nxt.tag_ == "VB":
+        return False
+    if nxt is None or nxt.is_punct:
+        words = [u for u in orig_doc if not u.is_punct]
+        if words and words[-1].tag_ in _FINITE_OR_MODAL and all(u.is_punct for u in doc[t.i + 2:]):
+            return False
+    return True
+
+
 def clause_reason(doc, orig_doc) -> str | None:
     """Why the candidate's verbs and cues do not make the clause its original had, or None. By part-of-speech tags
-    and word alignment, which stay informative where a broken sentence's parse does not:
+    and word alignment, which stay informative where a broken sentence's parse does not; the word checks judge only
+    the words the candidate does not share with the original:
     - 'do' + not/n't must be followed by a bare verb: 'did not found', "doesn't in his garden", 'does not logical';
-    - no more finite verbs (or modals) than the original, where the negation replaced a verb instead of adding
-      do-support around it: 'found the did not find book', 'does not seem seems', "grows tomatoes doesn't grow";
+    - no more finite verbs (or modals) than the original has predicates, where the negation replaced a verb instead
+      of adding do-support around it: 'found the did not find book', 'does not seem seems', "grows tomatoes doesn't
+      grow";
     - a finite verb where the original had one: 'There not a cafe', 'The new bridge not safe';
     - a subject before the first finite verb where the original had one: 'never arrives every ten minutes';
     - 'no' followed by a noun phrase (or 'longer', 'one', ...): 'The coffee smells no.', 'repaired no quickly';
     - no negation in place of a preposition: 'her first day not school';
     - no 'no' inside a partitive: 'All of no tickets'."""
+    copied = _alignment(doc, orig_doc)
     for t in doc:
-        if t.lower_ == "no" and not (t.i == 0 and t.i + 1 < len(doc) and doc[t.i + 1].lower_ == ","):
-            nxt = doc[t.i + 1] if t.i + 1 < len(doc) else None
-            if nxt is None or (nxt.lower_ not in _NO_BEFORE
-                               and (nxt.is_punct or nxt.tag_.startswith(("VB", "RB", "IN", "MD", "TO", "DT")))):
-                return "no_without_noun"
-        if t.lemma_ == "do" and t.tag_ in _FINITE_TAGS and t.i + 1 < len(doc) and doc[t.i + 1].lower_ in _NOT:
-            nxt = next((u for u in doc[t.i + 2:] if u.tag_ not in ("RB", "RBR", "RBS")), None)
-            if nxt is None or nxt.tag_ != "VB":
-                return "do_without_bare_verb"
+        if t.i in copied:
+            continue
+        if t.lower_ == "no" and _lone_no(t):
+            return "no_without_noun"
+        if _do_without_bare_verb(t, orig_doc):
+            return "do_without_bare_verb"
         if t.lower_ == "no" and t.dep_ == "det" and t.head.head.lower_ == "of" \
                 and t.head.head.head.lower_ in _QUANTIFIERS:
             return "no_in_partitive"
-    n, n_orig = (sum(t.tag_ in _FINITE_OR_MODAL for t in d) for d in (doc, orig_doc))
-    if n > n_orig:
+    finite = {t.i for t in doc if t.tag_ in _FINITE_OR_MODAL}
+    if not any(i not in copied for i in finite):
+        # the model added no finite verb or modal (no do-support): a verb it copied is still the finite one, whatever
+        # the tagger now reads ('Kids never play outside.', 'No-one called.')
+        finite |= {j for j, i in copied.items() if orig_doc[i].tag_ in _FINITE_OR_MODAL}
+    orig_finite = {t.i for t in orig_doc if t.tag_ in _FINITE_OR_MODAL}
+    if len(finite) > max(len(orig_finite), _predicates(orig_doc)):
         return "extra_finite_verb"
-    if n_orig and not n:
+    if orig_finite and not finite:
         return "no_finite_verb"
-    if _has_subject(orig_doc) and not _has_subject(doc):
+    if _has_subject(orig_doc, orig_finite) and not _has_subject(doc, finite):
         return "no_subject"
     if _cue_for_preposition(doc, orig_doc):
         return "cue_for_preposition"
     return None
+
+
+def _plain_apostrophes(text: str) -> str:
+    """’ -> ' (same token positions): spaCy's small tagger reads "doesn’t like" as a preposition, "doesn't like" as
+    a verb."""
+    return text.replace("\u2019", "'")
 
 
 def filter_grammar(rows: list[dict], nlp):
@@ -273,8 +352,8 @@ def filter_grammar(rows: list[dict], nlp):
     verbs still make the original's clause (``clause_reason``); dropped rows carry ``drop_reason``
     'ungrammatical:<why>'."""
     originals = list(dict.fromkeys(r["original"] for r in rows))
-    orig_docs = dict(zip(originals, nlp.pipe(originals)))
-    docs = nlp.pipe([r["negation"] for r in rows])
+    orig_docs = dict(zip(originals, nlp.pipe([_plain_apostrophes(o) for o in originals])))
+    docs = nlp.pipe([_plain_apostrophes(r["negation"]) for r in rows])
     for r, doc in zip(rows, docs):
         cues = r.get("cues")
         r["grammar"] = grammar_reason(doc, [c["index"] for c in cues] if cues else None) \

@@ -34,14 +34,17 @@ def judge_rows(rows: list[dict], n: int, prefix: str, seed: int = 0) -> list[dic
 
 
 def score_judged(path: Path, nlp, detector) -> dict:
-    """The grammar filter on judged outputs: kept / valid before and after it, and its drops by label."""
+    """The grammar filter on judged outputs: kept / valid before and after it, and its drops by label (rows the
+    cue filter drops are counted apart, as the pipeline never grammar-checks them)."""
     from i2d2.io import read_jsonl
     from i2d2.negverse.filters import filter_cue, filter_grammar
 
     judged = read_jsonl(path, required=("source", "statement", "label"))
     rows = [{"original": r["source"], "negation": r["statement"], "label": r["label"]} for r in judged]
-    filter_cue(rows, detector)  # the cue positions the grammar filter checks, as in the pipeline
-    kept, dropped = filter_grammar(rows, nlp)
+    # as in the pipeline: rows without a new negation cue never reach the grammar filter, the rest are checked at
+    # their cues' positions
+    with_cue, no_cue = filter_cue(rows, detector)
+    kept, dropped = filter_grammar(with_cue, nlp)
 
     def count(rs, label):
         return sum(r["label"] == label for r in rs)
@@ -50,7 +53,8 @@ def score_judged(path: Path, nlp, detector) -> dict:
     for r in dropped:
         reasons[r["drop_reason"]] = reasons.get(r["drop_reason"], 0) + 1
     return {"judged": str(path), "n": len(rows), "labels": {k: count(rows, k) for k in sorted({r["label"] for r in rows})},
-            "valid_share_before": count(rows, "valid") / len(rows) if rows else None,
+            "n_without_new_cue": len(no_cue), "valid_share_before": count(with_cue, "valid") / len(with_cue)
+            if with_cue else None,
             "n_kept": len(kept), "valid_share_after": count(kept, "valid") / len(kept) if kept else None,
             "n_dropped": len(dropped), "dropped_ungrammatical": count(dropped, "ungrammatical"),
             "dropped_valid": count(dropped, "valid"), "dropped_not_negation": count(dropped, "not_negation"),

@@ -140,6 +140,8 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
 def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, tracker: Tracker) -> dict:
     from collections import Counter
 
+    from i2d2.cmp.evaluation import normalize_answer
+
     t, ev = cfg.task, cfg.task.eval
     held_out = splits["test"]
     if ev.get("limit"):
@@ -155,8 +157,9 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
                                               int(ev.max_new_tokens))
         write_jsonl(out_dir / f"predictions_{name}.jsonl", rows)
         # a model that gives one answer to everything scores like the constant baseline: say so beside its F1
-        top_pred, n_top = Counter(r["prediction"] for r in rows).most_common(1)[0] if rows else (None, 0)
-        metrics = {**metrics, "n_distinct_predictions": len({r["prediction"] for r in rows}),
+        answers = Counter(normalize_answer(r["prediction"]) for r in rows)  # as EM reads them: 'No' = 'no.'
+        top_pred, n_top = answers.most_common(1)[0] if rows else (None, 0)
+        metrics = {**metrics, "n_distinct_predictions": len(answers),
                    "top_prediction": top_pred, "top_prediction_share": n_top / len(rows) if rows else None}
         out[name] = metrics
         tracker.log_metrics({f"cmp/zero_shot_{name}/{k}": v for k, v in metrics.items() if k != "top_prediction"})
@@ -265,7 +268,9 @@ def _model_notes(summary: dict) -> list[str]:
 
 
 def _short(text: str, n: int = 40) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+    """A model's answer for a report cell: cut to ``n`` characters, '|' escaped (it would end the table cell)."""
+    text = text if len(text) <= n else text[: n - 1] + "…"
+    return text.replace("|", "\\|")
 
 
 def _report(summary: dict) -> str:
@@ -290,15 +295,19 @@ def _report(summary: dict) -> str:
                       f"and facts shared with training: {sum(sp['shared_with_train']['test'].values())}.", ""]
         const = zs.get("constant")
         for m, v in zs.items():
+            share = v.get("top_prediction_share") or 0
+            top = (f"it answers '{_short(v['top_prediction'])}' to {share:.1%} of the questions"
+                   if share >= 0.5 else "")
             if m != "constant" and const and v["f1"] <= const["f1"]:
-                top = (f"; it answers {_short(v['top_prediction'])!r} to {v['top_prediction_share']:.0%} of the "
-                       "questions" if (v.get("top_prediction_share") or 0) >= 0.5 else "")
                 lines += [f"> **Warning: {m} does not beat always answering {const['answer']!r}** (F1 {v['f1']:.2f} "
-                          f"against {const['f1']:.2f}){top}.", ""]
+                          f"against {const['f1']:.2f}){'; ' + top if top else ''}.", ""]
+            elif m != "constant" and share >= 0.9:
+                lines += [f"> **Warning: {m} nearly always gives one answer**: {top} (F1 {v['f1']:.2f}, the constant "
+                          f"answer's {const['f1']:.2f})." if const else f"> **Warning: {m}: {top}.**", ""]
         lines += ["| model | EM | F1 | n | distinct answers (most common, share) |", "|---|---|---|---|---|"]
         lines += [f"| {m}{' (' + repr(v['answer']) + ')' if 'answer' in v else ''} | {v['em']:.2f} | {v['f1']:.2f} "
-                  f"| {v['n']} | " + (f"{v['n_distinct_predictions']} ({_short(v['top_prediction'])!r}, "
-                                      f"{v['top_prediction_share']:.0%})" if v.get("top_prediction") is not None
+                  f"| {v['n']} | " + (f"{v['n_distinct_predictions']} ('{_short(v['top_prediction'])}', "
+                                      f"{v['top_prediction_share']:.1%})" if v.get("top_prediction") is not None
                                       else "–") + " |" for m, v in zs.items()]
         lines.append("")
     ds = summary.get("downstream", {})

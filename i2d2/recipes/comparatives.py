@@ -429,6 +429,7 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
 
 def _discriminator_lines(c: dict) -> list[str]:
     """The report's discriminator section: every number from the critic's test split (pairs it never trained on)."""
+    from critics.metrics import wilson_interval
     from critics.surface import FLOOR_MARGIN, floor_warning
 
     lines = ["", "## Discriminator (test split: labelled comparatives of pairs the critic never trained on)", ""]
@@ -444,7 +445,9 @@ def _discriminator_lines(c: dict) -> list[str]:
               f"| surface-only floor AP, test (must beat it by ≥ {FLOOR_MARGIN}) | {fmt(c.get('surface_ap'))} |",
               ] + ([f"| LM-perplexity AP, test | {fmt(c['ap_perplexity'])} |"] if c.get("ap_perplexity") is not None
                    else [])
-    lines += [f"| precision of the {name} cut on test (kept) | {fmt(v['precision'])} ({v['n_kept']}) |"
+    lines += [f"| precision of the {name} cut on test (kept; 95 % interval) | {fmt(v['precision'])} ({v['n_kept']}"
+              + ("" if v["precision"] is None else "; {:.2f}–{:.2f}".format(
+                  *wilson_interval(round(v["precision"] * v["n_kept"]), v["n_kept"]))) + ") |"
               for name, v in (c.get("cuts_test") or {}).items()]
     return lines
 

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from critics.surface import floor_warning
+from critics.surface import FLOOR_MARGIN, floor_warning
 from i2d2.io import read_jsonl, write_json, write_text
 from i2d2.metrics import chapman_estimate, self_bleu
 
@@ -202,7 +202,7 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
         ("critic", f"`{m['critic_model']}`" + (f" (reused from iteration {m['critic_reused_from']})"
                                                if m.get("critic_reused_from") is not None else "")),
         ("critic AP — test split", m["critic_ap"]),
-        ("surface-only floor AP — test split (critic must beat it by ≥ 0.15)", m.get("critic_surface_ap")),
+        (f"surface-only floor AP — test split (critic must beat it by ≥ {FLOOR_MARGIN})", m.get("critic_surface_ap")),
         ("LM-perplexity AP — test split", m.get("critic_ap_perplexity")),
         ("δ — chosen on the dev split", m["delta"]),
         ("critic precision / recall at δ — test split (kept / labelled)",
