@@ -84,7 +84,9 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("There is a cafe near the station.", "There is a cafe near no station.", None),
            ("She remembers her first day at school.", "She remembers her first day not school.",
             "cue_for_preposition"),
-           ("The lamp is on the table.", "The lamp is not on the table.", None)]
+           ("The lamp is on the table.", "The lamp is not on the table.", None),
+           # words copied from the original are not the candidate's doing ('do not,' is judged in neither)
+           ("We do not, however, agree with everyone.", "We do not, however, agree with anyone.", None)]
 
 
 # grammatical negations outside the simple declaratives the rules were written from (an independent review's cases):
