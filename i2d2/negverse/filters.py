@@ -202,8 +202,6 @@ def grammar_reason(doc, cue_indices: list[int] | None = None) -> str | None:
 
 _FINITE_OR_MODAL = _FINITE_TAGS | {"MD"}
 _QUANTIFIERS = {"all", "most", "some", "many", "each", "both", "several", "few", "any", "much"}
-
-
 _SUBJECT_TAGS = {"NN", "NNS", "NNP", "NNPS", "PRP", "EX", "CD", "WP"}
 _PRONOMINAL = {"all", "most", "some", "many", "each", "both", "neither", "either", "few", "several", "this", "that",
                "these", "those", "much", "more", "less"}
@@ -217,8 +215,8 @@ _NP_TAGS = {"PRP", "PRP$", "DT", "NN", "NNS", "NNP", "NNPS", "JJ", "JJR", "JJS",
 
 def _has_subject(doc, finite: set[int]) -> bool:
     """A noun, pronoun or pronominal determiner before the first finite verb, or right after it when a negative
-    adverb is fronted ('Never has he lied.'); False without a finite verb (``finite``: their positions). By tags: a broken sentence's parse often has no subject arc even where
-    the words are there ('The dog barked at nobody.')."""
+    adverb is fronted ('Never has he lied.'); False without a finite verb (``finite``: their positions). By tags: a
+    broken sentence's parse often has no subject arc even where the words are there ('The dog barked at nobody.')."""
     if not finite:
         return False  # no finite verb, no subject position (an imperative: 'Close the door.')
     for t in doc:
@@ -242,29 +240,20 @@ def _predicates(doc) -> int:
     return len(idx)
 
 
-def _alignment(doc, orig_doc) -> dict[int, int]:
-    """Candidate token position -> the original's position, for the words the candidate copied (word alignment).
-    The checks below judge only what the model wrote ('Oh no, the bus left.' keeps its 'no'), and a copied verb
-    keeps the original's tag (the tagger reads 'called' in 'No-one called.' as a participle)."""
+def _word_alignment(doc, orig_doc) -> list[tuple]:
+    """difflib's opcodes from the original's lower-cased words to the candidate's."""
     from difflib import SequenceMatcher
 
     a, b = [t.lower_ for t in orig_doc], [t.lower_ for t in doc]
-    return {j1 + k: i1 + k for op, i1, _, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-            if op == "equal" for k in range(j2 - j1)}
+    return SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
 
 
-def _cue_for_preposition(doc, orig_doc) -> bool:
+def _cue_for_preposition(doc, orig_doc, ops) -> bool:
     """The candidate replaced one of the original's prepositions with a negation: 'her first day not school',
     'a park no the school', "their grandparents didn't Sunday"."""
-    from difflib import SequenceMatcher
-
-    a, b = [t.lower_ for t in orig_doc], [t.lower_ for t in doc]
-    for op, i1, i2, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if op == "replace" and all(t.tag_ == "IN" for t in orig_doc[i1:i2]) \
-                and any(t.lower_ in _CUES or t.lower_ == "n't" for t in doc[j1:j2]) \
-                and not any(t.tag_ == "IN" for t in doc[j1:j2]):
-            return True
-    return False
+    return any(op == "replace" and all(t.tag_ == "IN" for t in orig_doc[i1:i2])
+               and any(t.lower_ in _CUES or t.lower_ == "n't" for t in doc[j1:j2])
+               and not any(t.tag_ == "IN" for t in doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
 
 
 def _answer_no(t) -> bool:
@@ -274,6 +263,8 @@ def _answer_no(t) -> bool:
 
 
 def _lone_no(t) -> bool:
+    """'no' with no noun phrase after it: 'The coffee smells no.', 'repaired no quickly' (not 'no longer', 'No,',
+    an answer 'no' or 'Oh no')."""
     doc = t.doc
     nxt = doc[t.i + 1] if t.i + 1 < len(doc) else None
     if nxt is not None and (nxt.lower_ in _NO_BEFORE or nxt.lower_ == ","):  # 'no longer', 'No, he left.'
@@ -313,7 +304,10 @@ def clause_reason(doc, orig_doc) -> str | None:
     - 'no' followed by a noun phrase (or 'longer', 'one', ...): 'The coffee smells no.', 'repaired no quickly';
     - no negation in place of a preposition: 'her first day not school';
     - no 'no' inside a partitive: 'All of no tickets'."""
-    copied = _alignment(doc, orig_doc)
+    ops = _word_alignment(doc, orig_doc)
+    # candidate position -> original position of the words it copied: the checks judge only what the model wrote
+    # ('Oh no, the bus left.' keeps its 'no'), and a copied verb may keep the original's tag (below)
+    copied = {j1 + k: i1 + k for op, i1, _, j1, j2 in ops if op == "equal" for k in range(j2 - j1)}
     for t in doc:
         if t.i in copied:
             continue
@@ -336,7 +330,7 @@ def clause_reason(doc, orig_doc) -> str | None:
         return "no_finite_verb"
     if _has_subject(orig_doc, orig_finite) and not _has_subject(doc, finite):
         return "no_subject"
-    if _cue_for_preposition(doc, orig_doc):
+    if _cue_for_preposition(doc, orig_doc, ops):
         return "cue_for_preposition"
     return None
 
