@@ -40,17 +40,6 @@ def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
     return (float(y[top].mean()) if n_keep else None), n_keep
 
 
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
-    """The Wilson score interval (95 % by default) of a proportion k / n: how far a precision on n rows can be
-    trusted."""
-    if n <= 0:
-        return None
-    p, d = k / n, 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / d
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return float(centre - half), float(centre + half)
-
-
 def _cuts(y, scores):
     """For every distinct score v (descending): precision/recall of keeping ``score >= v``."""
     y = np.asarray(y).astype(float)

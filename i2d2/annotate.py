@@ -87,7 +87,7 @@ def main(argv=None) -> int:
             print("|---|---|---|---|---|")
             for r in heldout_accuracy(args.run_dir):
                 acc = "–" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
-                ci = "–" if r["ci95"] is None else f"±{r['ci95']:.3f}"
+                ci = "–" if r["ci95_low"] is None else f"{r['ci95_low']:.3f}–{r['ci95_high']:.3f}"
                 print(f"| {r['iteration']} | {r['n_generations']} | {r['n_labelled']} | {acc} | {ci} |")
         else:
             errors: list[str] = []

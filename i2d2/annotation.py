@@ -23,6 +23,7 @@ import numpy as np
 
 from i2d2.labels import label_mapping, normalize_label, normalize_statement, parse_votes, resolve_annotation_path
 from i2d2.io import DataError, open_text, read_csv, read_jsonl, write_csv, write_jsonl, write_text
+from i2d2.metrics import wilson_interval
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +306,8 @@ def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise",
 
 def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> list[dict]:
     """Person-judged accuracy of each iteration's held-out generations (labels from the held-out store):
-    ``[{iteration, n_generations, n_labelled, accuracy, ci95}]``; accuracy is None with no labels."""
+    ``[{iteration, n_generations, n_labelled, accuracy, ci95_low, ci95_high}]`` (a 95 % Wilson interval, which
+    stays honest at an accuracy near 0 or 1 on few labels); accuracy and interval are None with no labels."""
     store = heldout_store(run_dir)
     mapping = label_mapping(label_map)
     labels = {}
@@ -326,7 +328,7 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> l
     for k in sorted(counts):
         ys = np.asarray(by_iter.get(k, []), dtype=float)
         acc = float(ys.mean()) if len(ys) else None
-        ci = float(1.96 * np.sqrt(acc * (1 - acc) / len(ys))) if len(ys) else None
+        lo, hi = wilson_interval(int(ys.sum()), len(ys)) or (None, None)
         out.append({"iteration": k, "n_generations": counts[k], "n_labelled": int(len(ys)), "accuracy": acc,
-                    "ci95": ci})
+                    "ci95_low": lo, "ci95_high": hi})
     return out

@@ -1,4 +1,4 @@
-"""Corpus metrics shared by the tasks: diversity (Self-BLEU), population estimates, entropy."""
+"""Corpus metrics shared by the tasks: diversity (Self-BLEU), population estimates, entropy, proportion intervals."""
 
 from __future__ import annotations
 
@@ -41,3 +41,14 @@ def entropy(items: list[str], base: float = 2.0) -> float:
         return 0.0
     p = counts / counts.sum()
     return float(-(p * np.log(p)).sum() / math.log(base))
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval (95 % by default) of a proportion k / n: how far a precision on n rows can be
+    trusted."""
+    if n <= 0:
+        return None
+    p, d = k / n, 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return float(centre - half), float(centre + half)

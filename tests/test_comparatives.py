@@ -253,11 +253,11 @@ def test_cut_precision_on_labelled_rows_and_the_floor_warning():
     # a high floor leaves less room than 0.15: half of it is asked for, so a perfect critic is never flagged
     assert floor_warning(1.0, 0.87) is None and floor_warning(0.90, 0.87) and floor_warning(0.94, 0.87) is None
     c = {"ap": 0.445, "surface_ap": 0.555, "test_valid_rate": 0.34, "n_train": 500, "n_dev": 100, "n_test": 148,
-         "n_test_concepts": 30, "cuts_test": {"nc_s": {"precision": 0.4, "n_kept": 30}}}
+         "n_test_concepts": 30, "cuts_test": {"nc_s": {"precision": 0.4, "n_kept": 30, "ci95": [0.2459, 0.5768]}}}
     md = "\n".join(_discriminator_lines(c))
     assert "Warning: the discriminator's test AP 0.445 does not beat the surface-only floor 0.555" in md
     assert "| precision of the nc_s cut on test (kept; 95 % interval) | 0.400 (30; 0.25–0.58) |" in md and "| 0.340 |" in md
-    from critics.metrics import wilson_interval
+    from i2d2.metrics import wilson_interval
     lo, hi = wilson_interval(15, 30)
     assert round(lo, 3) == 0.332 and round(hi, 3) == 0.668 and wilson_interval(0, 0) is None
     assert "Warning" not in "\n".join(_discriminator_lines(dict(c, ap=0.8)))

@@ -57,6 +57,8 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     cuts = metrics["critic"]["cuts_test"]
     assert set(cuts) == {"nc_xl", "nc_l", "nc_s"} and cuts["nc_xl"]["n_kept"] == metrics["critic"]["n_test"]
     assert cuts["nc_xl"]["precision"] == pytest.approx(metrics["critic"]["test_valid_rate"])
+    lo, hi = cuts["nc_s"]["ci95"]
+    assert lo <= cuts["nc_s"]["precision"] <= hi and f"; {lo:.2f}–{hi:.2f})" in (it / "report.md").read_text()
     assert "## Discriminator" in (it / "report.md").read_text()
     assert (it / "report.md").exists() and (it / "comparative_qa.jsonl").exists()
     qa = read_jsonl(it / "comparative_qa.jsonl")

@@ -148,8 +148,9 @@ def test_blind_import_writes_person_judged_accuracy_into_the_reports(baseline, t
         m = json.loads((run_dir / f"iter_{k}" / "report" / "metrics.json").read_text())
         assert m["heldout_accuracy"] == pytest.approx(acc[k]["accuracy"]) and m["heldout_n_labelled"] == acc[k]["n_labelled"]
         md = (run_dir / f"iter_{k}" / "report.md").read_text()
-        assert (f"| **person-judged accuracy, held-out concepts (blind)** | {acc[k]['accuracy']:.3f} ± "
-                f"{acc[k]['ci95']:.3f} (n={acc[k]['n_labelled']}) |") in md
+        assert (f"| **person-judged accuracy, held-out concepts (blind)** | {acc[k]['accuracy']:.3f} (95 % CI "
+                f"{acc[k]['ci95_low']:.3f}–{acc[k]['ci95_high']:.3f}, n={acc[k]['n_labelled']}) |") in md
+        assert acc[k]["ci95_low"] < acc[k]["accuracy"] < acc[k]["ci95_high"]
     after = (run_dir / "iter_1" / "report.md").read_text()
     # the table of all iterations carries both accuracies; the rest of the report (samples, numbers) is unchanged
     assert f"| {acc[0]['accuracy']:.3f} |" in after.split("## All iterations")[1]

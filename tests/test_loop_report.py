@@ -58,10 +58,11 @@ def test_markdown_report_lists_iterations_and_samples():
     assert "## All iterations" in md and "![PR curves](report/pr_curves.png)" in md
     assert "Warning" not in md
     # undefined numbers print as "–"; a wording-sensitive critic is flagged at the top; person-judged accuracy shows
-    m2 = dict(m, critic_precision=None, critic_probe_shift=0.25, heldout_accuracy=0.6, heldout_ci95=0.08,
+    m2 = dict(m, critic_precision=None, critic_probe_shift=0.25, heldout_accuracy=0.6, heldout_ci95_low=0.52,
+              heldout_ci95_high=0.68,
               heldout_n_labelled=150)
     md2 = render_markdown(m2, sample, [m2], None)
-    assert "probe shift is 0.250" in md2 and "| – / " in md2 and "0.600 ± 0.080 (n=150)" in md2
+    assert "probe shift is 0.250" in md2 and "| – / " in md2 and "0.600 (95 % CI 0.520–0.680, n=150)" in md2
     assert "does not beat" not in md2  # no surface AP: no floor warning
     md3 = render_markdown(dict(m, critic_ap=0.6, critic_surface_ap=0.5), sample, [m], None)
     assert "Warning: the critic's test AP 0.600 does not beat the surface-only floor 0.500" in md3

@@ -28,6 +28,7 @@ from i2d2.comparatives import filters as F
 from i2d2.comparatives.entities import BUNDLED, UNCOUNTABLE, load_classes
 from i2d2.comparatives.frequency import FrequencyFilter, filter_obscure
 from i2d2.comparatives.metrics import corpus_metrics, fmt
+from i2d2.metrics import wilson_interval
 from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows, select_passes
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
@@ -231,8 +232,11 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
     # cuts keep fractions, so their precision beside the test base rate says whether a smaller set is a better one
     test = read_jsonl(critic_dir / "test_scores.jsonl")
     y, s = np.asarray([r["y"] for r in test]), np.asarray([r["critic_score"] for r in test])
-    cut_test = {name: dict(zip(("precision", "n_kept"), precision_at_top(y, s, float(frac))))
-                for name, frac in _plain(dcfg.cuts).items()} if len(test) else {}
+    cut_test = {}
+    for name, frac in (_plain(dcfg.cuts).items() if len(test) else ()):
+        prec, n_kept = precision_at_top(y, s, float(frac))
+        cut_test[name] = {"precision": prec, "n_kept": n_kept,  # a 95 % Wilson interval: what n_kept rows can show
+                          "ci95": None if prec is None else list(wilson_interval(round(prec * n_kept), n_kept))}
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
         tracker.log_metrics({f"critic/test_precision_{name}": c["precision"] for name, c in cut_test.items()
@@ -429,7 +433,6 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
 
 def _discriminator_lines(c: dict) -> list[str]:
     """The report's discriminator section: every number from the critic's test split (pairs it never trained on)."""
-    from critics.metrics import wilson_interval
     from critics.surface import FLOOR_MARGIN, floor_warning
 
     lines = ["", "## Discriminator (test split: labelled comparatives of pairs the critic never trained on)", ""]
@@ -446,8 +449,7 @@ def _discriminator_lines(c: dict) -> list[str]:
               ] + ([f"| LM-perplexity AP, test | {fmt(c['ap_perplexity'])} |"] if c.get("ap_perplexity") is not None
                    else [])
     lines += [f"| precision of the {name} cut on test (kept; 95 % interval) | {fmt(v['precision'])} ({v['n_kept']}"
-              + ("" if v["precision"] is None else "; {:.2f}–{:.2f}".format(
-                  *wilson_interval(round(v["precision"] * v["n_kept"]), v["n_kept"]))) + ") |"
+              + ("" if not v.get("ci95") else "; {:.2f}–{:.2f}".format(*v["ci95"])) + ") |"
               for name, v in (c.get("cuts_test") or {}).items()]
     return lines
 

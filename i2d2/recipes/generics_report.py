@@ -214,7 +214,8 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
         ("human-judged accuracy of this iteration's labelled generations (labels store)", m.get("human_accuracy")),
         ("**person-judged accuracy, held-out concepts (blind)**",
          "–" if m.get("heldout_accuracy") is None else
-         f"{_fmt(m['heldout_accuracy'])} ± {_fmt(m.get('heldout_ci95'))} (n={m.get('heldout_n_labelled')})"),
+         f"{_fmt(m['heldout_accuracy'])} (95 % CI {_fmt(m.get('heldout_ci95_low'))}–{_fmt(m.get('heldout_ci95_high'))}, "
+         f"n={m.get('heldout_n_labelled')})"),
         ("held-out generations: critic-accepted rate (proxy) / Self-BLEU",
          f"{_fmt(m.get('heldout_critic_accepted_rate_proxy'))} / {_fmt(m.get('heldout_self_bleu'))}"),
         ("kept fraction (critic, constraints, repeated list items, de-dup, per-frame and per-concept caps)", m["kept_fraction"]),
@@ -302,7 +303,8 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
     return {"report": str(iter_dir / "report.md"), "pr_aps": aps}
 
 
-HELDOUT_KEYS = {"heldout_accuracy": "accuracy", "heldout_n_labelled": "n_labelled", "heldout_ci95": "ci95"}
+HELDOUT_KEYS = {"heldout_accuracy": "accuracy", "heldout_n_labelled": "n_labelled", "heldout_ci95_low": "ci95_low",
+                "heldout_ci95_high": "ci95_high"}
 
 
 def refresh_heldout_accuracy(run_dir: Path) -> list[Path]:
