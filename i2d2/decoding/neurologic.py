@@ -612,8 +612,9 @@ class NeuroLogicDecoder:
         cum = torch.full((N,), NEG, device=d)
         cum[::K] = 0.0
         hist = torch.zeros(N, T_max, dtype=torch.long, device=d)
-        # finished hypotheses: every step appends its candidates (masked ones score -inf); the best R are
-        # chosen once at the end, so the step needs no host check of whether anything finished
+        # finished hypotheses: every step records which of its candidates finish (by index, with the step's
+        # [N, C] tables; of the [N * C, Cl] clause tables only their rows, which bounds the memory), and the best R
+        # are read out and chosen once at the end: the step needs no host check of whether anything finished
         fin = []
         n_done = torch.zeros(B, dtype=torch.long, device=d)  # finished hypotheses satisfying everything
         done = torch.zeros(B, dtype=torch.bool, device=d)
@@ -643,12 +644,12 @@ class NeuroLogicDecoder:
                 if has_positive:
                     la, la_ok = self._lookahead(cp, lt, st, lp, A, thresh, hist[:, t - 1] if t else no_prev)
                     cand = torch.cat([cand, la.clamp(min=0)], 1)
-                    cvalid = torch.cat([cvalid, la_ok], 1)
-                    # de-duplicate (a lookahead token may already be a top token)
-                    srt, si = cand.masked_fill(~cvalid, -1).sort(dim=1, stable=True)
-                    dup = torch.zeros_like(cvalid)
-                    dup.scatter_(1, si[:, 1:], (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0))
-                    cvalid &= ~dup
+                    if t == 0:  # [A, M + A]: the columns before each lookahead column
+                        earlier = torch.arange(cand.shape[1], device=d) < torch.arange(M, cand.shape[1], device=d)[:, None]
+                    # de-duplicate: a proposed token (la = -1 where none) that is a top token or an earlier proposal
+                    # is dropped (proposals have a finite log-prob, so the earlier copy is a valid candidate)
+                    dup = ((la[:, :, None] == cand[:, None, :]) & earlier).any(-1)
+                    cvalid = torch.cat([cvalid, la_ok & ~dup], 1)
                 C = cand.shape[1]
                 if t == 0:  # C is fixed for the batch: the per-prompt tables take the candidates' shape once, so the
                     # step's elementwise ops meet operands of one shape (on a CPU, broadcasting over a last dimension
@@ -709,22 +710,13 @@ class NeuroLogicDecoder:
                     fin_pick = o[:, :K]
                     fin_mask = f_eos[:, :K] & (tier.gather(1, fin_pick) <= 2)
                 fin_mask &= ~done[:, None]
-                # ---- finished hypotheses -> pool
-                gidx = (row_off + fin_pick).reshape(-1)  # into N*C
-                seq = _take(hist, gidx // C)
-                tokc = _take(cand.reshape(-1), gidx)
-                seq[:, t] = tokc
-                n_tok = (t + 1) - _take(self.is_eos_v, tokc).long()
-                lpn = _take(clp.reshape(-1), gidx)
-                S = torch.where(fin_mask.reshape(-1), lpn / n_tok.clamp(min=1).float() ** alpha, NEG)
-                allf = _take(all_sat.reshape(-1), gidx)
-                Kf = fin_pick.shape[1]
-                fin.append((seq, lpn, S, n_tok, allf, _take(new.sat.reshape(N * C, -1), gidx),
-                            _take(new.cmatch.reshape(N * C, -1), gidx),
-                            _take(new.ph_occ.reshape(N * C, -1), gidx) if cp.ph_track_occ
-                            else torch.zeros_like(tokc)[:, None]))
+                # ---- finished hypotheses -> pool (a finished candidate's clp is finite: tier <= 2, or < 4 at the end)
+                gidx = row_off + fin_pick  # [B, Kf] into N*C
+                rows = [_take(x.reshape(N * C, -1), gidx) for x in (  # [B, Kf, Cl]
+                    (new.sat, new.cmatch, new.ph_occ) if cp.ph_track_occ else (new.sat, new.cmatch))]
+                fin.append((gidx, fin_mask, hist, cand, clp, all_sat, rows))
                 if cfg.early_stopping:
-                    n_done = n_done + (allf & torch.isfinite(S)).reshape(B, Kf).sum(1)
+                    n_done = n_done + (_take(all_sat.reshape(-1), gidx) & fin_mask).sum(1)
                     done = n_done >= R
                 if final or (cfg.early_stopping and (t + 1) % STOP_CHECK_EVERY == 0 and bool(done.all())):
                     break
@@ -744,13 +736,31 @@ class NeuroLogicDecoder:
                 logits, cache = self._forward(tok_next, cache, am, pos)
                 if pos is not None:
                     pos = pos + 1
-        return self._collect(cp, css, *self._best_finished(fin, B, R, Cl))
+        return self._collect(cp, css, *self._best_finished(self._pool(fin, cp, B, N, C, alpha), B, R, Cl))
+
+    def _pool(self, fin, cp: Compiled, B: int, N: int, C: int, alpha: float) -> list:
+        """Every step's finished candidates read out of the step tables at once: [B, P, ...] columns (sequence,
+        log-prob, S, tokens, all satisfied, clause flags, matched literals, phrase occurrences), P the candidates
+        pooled over the steps, step-major within a prompt."""
+        gi = torch.cat([f[0] for f in fin], 1)  # [B, P]: index into a step's N * C candidates
+        step = torch.cat([torch.full_like(f[0], t) for t, f in enumerate(fin)], 1)
+        mask = torch.cat([f[1] for f in fin], 1).reshape(-1)
+        flat = (step * (N * C) + gi).reshape(-1)  # into the steps' candidate tables laid end to end
+        tokc = _take(torch.cat([f[3].reshape(-1) for f in fin]), flat)
+        seq = _take(torch.cat([f[2] for f in fin]), (step * N + gi // C).reshape(-1))
+        seq.scatter_(1, step.reshape(-1, 1), tokc[:, None])  # the finishing token at its step
+        n_tok = (step.reshape(-1) + 1) - _take(self.is_eos_v, tokc).long()
+        lpn = _take(torch.cat([f[4].reshape(-1) for f in fin]), flat)
+        S = torch.where(mask, lpn / n_tok.clamp(min=1).float() ** alpha, NEG)
+        allf = _take(torch.cat([f[5].reshape(-1) for f in fin]), flat)
+        cols = [c.reshape(B, -1, *c.shape[1:]) for c in (seq, lpn, S, n_tok, allf)]
+        rows = [torch.cat([f[6][j] for f in fin], 1) for j in range(len(fin[0][6]))]  # sat, cmatch[, ph_occ]
+        return cols + rows + ([] if cp.ph_track_occ else [torch.zeros_like(tokc).reshape(B, -1, 1)])
 
     @staticmethod
-    def _best_finished(fin, B, R, Cl):
+    def _best_finished(cols, B, R, Cl):
         """The R best pooled finished hypotheses per prompt, ranked by (all satisfied, number of satisfied
         clauses, S): the best partial results of an unsatisfiable set are those that satisfy the most clauses."""
-        cols = [torch.cat([f[j].reshape(B, -1, *f[j].shape[1:]) for f in fin], 1) for j in range(len(fin[0]))]
         seq, lpn, S, n_tok, allf, satf = cols[:6]
         key = S.double() + (allf.double() * float(Cl + 1) + satf.sum(-1).double()) * 1e9
         top = key.topk(min(R, key.shape[1]), dim=1).indices
