@@ -266,6 +266,7 @@ def test_head_larger_than_tokenizer_and_no_constraint_matches_hf_beam():
         assert all(0 <= t for t in tok(gens[0].text)["input_ids"])
 
 
+@pytest.mark.filterwarnings("error::FutureWarning")  # the KV cache goes by the model's own keyword (see below)
 def test_seq2seq_decoder():
     model, tok = tiny_model("bart")
     dec = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=10, beam_size=4, num_return=2))
@@ -620,3 +621,17 @@ def test_cpu_topk_matches_torch_topk():
     x = torch.randn(4, 3, 700, generator=g).transpose(0, 1).requires_grad_()
     v, i = _topk(x, 30)
     assert torch.equal(v, x.detach().topk(30, dim=-1).values) and torch.equal(i, x.detach().topk(30, dim=-1).indices)
+
+
+@pytest.mark.filterwarnings("error::FutureWarning")
+def test_kv_cache_goes_by_the_models_own_keyword(tiny_gpt2):
+    """transformers renamed ``past_key_values`` to ``cache`` (the old name warns and is removed in 5.40): the decoder
+    passes whichever name the model's forward takes, so a newer transformers neither warns nor breaks it."""
+    import inspect
+
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, cfg(max_new_tokens=6, beam_size=3, num_return=2))
+    fwd = inspect.signature(model.forward).parameters
+    assert dec._cache_kw == ("cache" if "cache" in fwd else "past_key_values") and dec._cache_kw in fwd
+    assert dec.decode(["Dogs"], [ConstraintSet()])[0]
+

@@ -146,6 +146,8 @@ class NeuroLogicDecoder:
         self.end_block = torch.where(self.is_end_v, NEG, 0.0)  # added to log-probs before min_new_tokens
         fwd = inspect.signature(model.forward).parameters
         self._pos_ids = "position_ids" in fwd and not self.is_s2s
+        # transformers renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40)
+        self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
         self._words = {}  # compile._WordRecord per literal word, reused across batches
         self._enc = {}  # tokenization of each literal text validated
 
@@ -210,25 +212,32 @@ class NeuroLogicDecoder:
                 start = getattr(getattr(self.model.config, "decoder", None), "bos_token_id", None) or tok.bos_token_id
             dec = torch.full((B * K, 1), int(start), device=d, dtype=torch.long)
             out = self.model(encoder_outputs=self._enc, attention_mask=am, decoder_input_ids=dec, use_cache=True)
-            return out.logits[:, -1, :], out.past_key_values, am, None
+            return out.logits[:, -1, :], self._cache_of(out), am, None
         kw = {}
         if self._pos_ids:
             kw["position_ids"] = (am.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=am, use_cache=True, **kw)
-        cache = out.past_key_values
+        cache = self._cache_of(out)
         cache.reorder_cache(rep)
         logits = out.logits[:, -1, :][rep]
         am = am[rep]
         return logits, cache, am, am.sum(-1)
 
+    @staticmethod
+    def _cache_of(out):
+        cache = getattr(out, "cache", None)
+        return cache if cache is not None else out.past_key_values
+
     def _forward(self, tokens, cache, am, pos):
+        kw = {self._cache_kw: cache}
         if self.is_s2s:
             out = self.model(encoder_outputs=self._enc, attention_mask=am, decoder_input_ids=tokens[:, None],
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **kw)
         else:
-            kw = {"position_ids": pos[:, None]} if self._pos_ids else {}
-            out = self.model(input_ids=tokens[:, None], attention_mask=am, past_key_values=cache, use_cache=True, **kw)
-        return out.logits[:, -1, :], out.past_key_values
+            if self._pos_ids:
+                kw["position_ids"] = pos[:, None]
+            out = self.model(input_ids=tokens[:, None], attention_mask=am, use_cache=True, **kw)
+        return out.logits[:, -1, :], self._cache_of(out)
 
     # ------------------------------------------------------------------ automaton
     def _lookup(self, cp: Compiled, n, f):
