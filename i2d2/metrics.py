@@ -45,10 +45,10 @@ def entropy(items: list[str], base: float = 2.0) -> float:
 
 def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
     """The Wilson score interval (95 % by default) of a proportion k / n: how far a precision on n rows can be
-    trusted."""
+    trusted. Its ends are exactly 0 at k = 0 and 1 at k = n (rounding would put them a hair off, e.g. "-0.000")."""
     if n <= 0:
         return None
     p, d = k / n, 1 + z * z / n
     centre = (p + z * z / (2 * n)) / d
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return float(centre - half), float(centre + half)
+    return (0.0 if k <= 0 else float(centre - half)), (1.0 if k >= n else float(centre + half))

@@ -260,6 +260,9 @@ def test_cut_precision_on_labelled_rows_and_the_floor_warning():
     from i2d2.metrics import wilson_interval
     lo, hi = wilson_interval(15, 30)
     assert round(lo, 3) == 0.332 and round(hi, 3) == 0.668 and wilson_interval(0, 0) is None
+    # the ends at k = 0 and k = n are exact (rounding put them at -2.8e-17 and 0.9999999999999999)
+    assert all(wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0 for n in range(1, 200))
+    assert round(wilson_interval(0, 10)[1], 3) == 0.278 and round(wilson_interval(10, 10)[0], 3) == 0.722
     assert "Warning" not in "\n".join(_discriminator_lines(dict(c, ap=0.8)))
 
 

@@ -745,9 +745,12 @@ class NeuroLogicDecoder:
                 logits, cache = self._forward(tok_next, cache, am, pos)
                 if pos is not None:
                     pos = pos + 1
-        return self._collect(cp, css, *self._best_finished(self._pool(fin, cp, B, N, C, alpha), B, R, Cl))
+        # num_tokens^alpha from one table: a CPU pow over a tensor rounds by where an element sits (vectorised
+        # blocks vs the scalar tail), so a score would depend on the batch's layout
+        len_pen = torch.arange(T_max + 1, device=d).clamp(min=1).float() ** alpha
+        return self._collect(cp, css, *self._best_finished(self._pool(fin, cp, B, N, C, len_pen), B, R, Cl))
 
-    def _pool(self, fin, cp: Compiled, B: int, N: int, C: int, alpha: float) -> list:
+    def _pool(self, fin, cp: Compiled, B: int, N: int, C: int, len_pen) -> list:
         """Every step's finished candidates read out of the step tables at once: [B, P, ...] columns (sequence,
         log-prob, S, tokens, all satisfied, clause flags, matched literals, phrase occurrences), P the candidates
         pooled over the steps, step-major within a prompt."""
@@ -760,7 +763,7 @@ class NeuroLogicDecoder:
         seq.scatter_(1, step.reshape(-1, 1), tokc[:, None])  # the finishing token at its step
         n_tok = (step.reshape(-1) + 1) - _take(self.is_eos_v, tokc).long()
         lpn = _take(torch.cat([f[4].reshape(-1) for f in fin]), flat)
-        S = torch.where(mask, lpn / n_tok.clamp(min=1).float() ** alpha, NEG)
+        S = torch.where(mask, lpn / _take(len_pen, n_tok), NEG)
         allf = _take(torch.cat([f[5].reshape(-1) for f in fin]), flat)
         cols = [c.reshape(B, -1, *c.shape[1:]) for c in (seq, lpn, S, n_tok, allf)]
         rows = [torch.cat([f[6][j] for f in fin], 1) for j in range(len(fin[0][6]))]  # sat, cmatch[, ph_occ]
