@@ -470,7 +470,8 @@ class NeuroLogicDecoder:
         if lt["single_words"] is not None:  # every positive literal is one word: its current word never changes
             raw, words, start, start0, resume, start_res = lt["single_words"]
             pend_done = pend_word == raw  # the pending word already spells it: nothing left to propose
-            need = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & ~pend_done
+            # valid & ~(satisfied | done), as one comparison of booleans (False < True)
+            need = (st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) | pend_done) < lt["pos_valid2"]
             unsat, under_way = need, None  # no literal is under way at a word boundary
         else:
             ph = lt["pos_ph2"]
@@ -496,11 +497,11 @@ class NeuroLogicDecoder:
                 start_res = torch.where(resume >= 0, start, -2)  # a start token that has a resume token
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
-        want = torch.zeros(N, cp.Wc1, dtype=torch.long, device=lp.device)  # [N, word]: some literal needs it
+        # [N, word]: some literal needs it; a column without a continuation reads the spare last word, never needed
+        want = torch.zeros(N, cp.Wc1 + 1, dtype=torch.long, device=lp.device)
         want.scatter_add_(1, words, need.long())
         cont = _take(lt["cont_tok"], st.node)
-        cword = _take(cp.node_cont_word, st.node)
-        cont_ok = (cword >= 0) & (want.gather(1, cword.clamp(min=0)) > 0)
+        cont_ok = want.gather(1, _take(lt["cont_word"], st.node)) > 0
         if cp.has_dyn:  # a dynamic clause proposes only its top_k words by current next-token log-prob
             sc = lp.gather(1, start0)  # [N, Lp]
             s = torch.where(lt["dyn_mine"], sc[:, None, :], NEG)  # [N, D, Lp]: -inf outside the dynamic clause
@@ -565,6 +566,7 @@ class NeuroLogicDecoder:
             # [V] the trie node a token's text after its last separator reaches from the root (-> DEAD if none)
             "tail_node": self._lookup(cp, torch.zeros_like(self.t_tail), self.t_tail),
             "cont_tok": cp.node_cont_tok.clamp(min=0),  # a column with no continuation (word -3) is never proposed
+            "cont_word": torch.where(cp.node_cont_word >= 0, cp.node_cont_word, cp.Wc1),
             "cl_index": torch.arange(Cl, device=d),
             "neg_total": cp.neg_total[rep][:, None, :],
             "grp_max": cp.grp_max[rep][:, None, :],
