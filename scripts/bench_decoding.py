@@ -11,6 +11,13 @@ Settings timed per model (one process, warm-up first):
   python scripts/bench_decoding.py                      # tiny:gpt2 and tiny:gpt2-124m, beam 10 x 30, batch 8
   python scripts/bench_decoding.py --gemma --device cuda --batch 32
   python scripts/bench_decoding.py --profile --models tiny:gpt2   # where a step's time goes (see below)
+  python scripts/bench_decoding.py --models tiny:gpt2 --repeats 12 --cpu-time --threads 1 --against HEAD~3
+        # this checkout's decoder side by side with i2d2/decoding as of a git revision, rounds interleaved
+
+--against REV also times each constrained setting with the decoder of REV (nl-*@REV, loaded from git into a
+scratch package) in the same rounds, and prints this decoder's time over REV's: best round over best round and the
+median of the rounds' paired ratios. A version-to-version change is then measured on one machine in one spell,
+which a shared machine's drift between runs (±10 % on the toy model) would otherwise swamp.
 
 --profile prints, per setting, per decoding step (one model forward): operator calls (top-level aten ops from
 torch.profiler), of them the compute ops (all but view-only ops such as view / reshape / expand / slice, which launch
@@ -22,9 +29,12 @@ a separate run without the profiler).  The plain beam-search step is the floor.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -88,6 +98,25 @@ def nc_sets(n):
     return prompts, sets
 
 
+def decoder_at(rev: str):
+    """``i2d2/decoding`` as of git revision ``rev``, importable beside this checkout's: its files are read with
+    ``git show`` into a scratch package whose own imports are renamed (the rest, e.g. ``i2d2.schemas``, is shared)."""
+    git = ["git", "-C", str(ROOT)]
+    ls = subprocess.run(git + ["ls-tree", "--name-only", rev, "i2d2/decoding/"], capture_output=True, text=True)
+    files = ls.stdout.split() if ls.returncode == 0 else []
+    if not files:
+        raise SystemExit(f"--against {rev}: no i2d2/decoding/ at that revision {ls.stderr.strip()}".rstrip())
+    name = "_decoding_at_" + "".join(c if c.isalnum() else "_" for c in rev)
+    pkg = Path(tempfile.mkdtemp(prefix="bench_decoding_")) / name
+    pkg.mkdir()
+    for f in files:
+        if f.endswith(".py"):
+            src = subprocess.run(git + ["show", f"{rev}:{f}"], check=True, capture_output=True, text=True).stdout
+            (pkg / Path(f).name).write_text(src.replace("i2d2.decoding", name))
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module(name)
+
+
 def run_model(name, args, out_rows):
     import torch
 
@@ -119,6 +148,15 @@ def run_model(name, args, out_rows):
         ("nl-i2d2", lambda: dec.decode(ip, iset), iset),
         ("nl-nc", lambda: dec_nc.decode(npr, nset), nset),
     ]
+    if args.against:  # the same settings with REV's decoder (constraints as their JSON form, which it reads)
+        old = decoder_at(args.against)
+        odec, odec_nc = old.NeuroLogicDecoder(model, tok, cfg), old.NeuroLogicDecoder(model, tok, nc_cfg)
+        iset_d, nset_d = [c.to_dict() for c in iset], [c.to_dict() for c in nset]
+        runs += [
+            (f"nl-none@{args.against}", lambda: odec.decode(ip, [{}] * B), None),
+            (f"nl-i2d2@{args.against}", lambda: odec.decode(ip, iset_d), iset),
+            (f"nl-nc@{args.against}", lambda: odec_nc.decode(npr, nset_d), nset),
+        ]
 
     def sync():
         if str(args.device).startswith("cuda"):
@@ -127,12 +165,16 @@ def run_model(name, args, out_rows):
     # warm-up (allocator, kernels, token tables) on a short run of each kind
     saved = (dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens)
     dec.cfg.max_new_tokens = dec_nc.cfg.max_new_tokens = 3
+    if args.against:
+        odec.cfg.max_new_tokens = odec_nc.cfg.max_new_tokens = 3
     for _, fn, _ in runs[1:]:
         fn()
     enc = tok(ip[:2], return_tensors="pt", padding=True).to(args.device)
     with torch.inference_mode():
         model.generate(**enc, num_beams=K, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
     dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens = saved
+    if args.against:
+        odec.cfg.max_new_tokens, odec_nc.cfg.max_new_tokens = saved
     if args.profile:
         for label, fn, _ in runs:
             out_rows.append(profile_setting(name, label, fn, model, args, sync))
@@ -167,6 +209,13 @@ def run_model(name, args, out_rows):
         out_rows.append(row)
         print(f"{name:18s} {label:8s} {best[label]:8.2f} s   x{best[label] / base:5.2f}   x{med[label]:5.2f}"
               + ("" if sat is None else f"   all-satisfied {sat:.0%}"), flush=True)
+    for label in [r[0] for r in runs[1:4]] if args.against else []:
+        ref = f"{label}@{args.against}"
+        pair = statistics.median(a / b for a, b in zip(rounds[label], rounds[ref]))
+        out_rows.append({"model": name, "setting": label, "against": args.against,
+                         "ratio_to_against": round(best[label] / best[ref], 3), "ratio_to_against_median": round(pair, 3)})
+        print(f"{name:18s} {label:8s} this checkout / {args.against}: x{best[label] / best[ref]:5.3f} (best rounds), "
+              f"x{pair:5.3f} (median of paired rounds)", flush=True)
     del model, dec, dec_nc
 
 
@@ -232,6 +281,8 @@ def main(argv=None):
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with the process's CPU time instead of wall time (shared machines; use --threads 1)")
+    ap.add_argument("--against", default=None, metavar="REV",
+                    help="also time the constrained settings with i2d2/decoding as of this git revision, side by side")
     ap.add_argument("--profile", action="store_true",
                     help="per setting: operator calls, CUDA kernels, host syncs and ms per decoding step")
     args = ap.parse_args(argv)
