@@ -37,6 +37,11 @@ def floor_margin(surface_ap: float) -> float:
     return min(FLOOR_MARGIN, (1.0 - surface_ap) / 2)
 
 
+def margin_text(surface_ap) -> str:
+    """The margin a report asks of a critic over this floor ("0.15"; less over a floor above 0.7)."""
+    return f"{FLOOR_MARGIN}" if surface_ap is None or not np.isfinite(surface_ap) else f"{floor_margin(surface_ap):.2f}"
+
+
 def floor_warning(ap, surface_ap, what: str = "the critic") -> str | None:
     """The loud warning for a critic whose test AP does not beat the surface-only floor by ``floor_margin`` (None
     when it does, or when either AP is undefined): its kept set is then not a truth judgement."""

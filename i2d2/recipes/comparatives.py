@@ -433,7 +433,7 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
 
 def _discriminator_lines(c: dict) -> list[str]:
     """The report's discriminator section: every number from the critic's test split (pairs it never trained on)."""
-    from critics.surface import FLOOR_MARGIN, floor_warning
+    from critics.surface import floor_warning, margin_text
 
     lines = ["", "## Discriminator (test split: labelled comparatives of pairs the critic never trained on)", ""]
     below = floor_warning(c.get("ap"), c.get("surface_ap"), what="the discriminator")
@@ -445,7 +445,7 @@ def _discriminator_lines(c: dict) -> list[str]:
               f"{c.get('n_test')} ({fmt(c.get('n_test_concepts'))}) |",
               f"| share valid, test (the precision of keeping everything) | {fmt(c.get('test_valid_rate'))} |",
               f"| discriminator AP, test | {fmt(c.get('ap'))} |",
-              f"| surface-only floor AP, test (must beat it by ≥ {FLOOR_MARGIN}) | {fmt(c.get('surface_ap'))} |",
+              f"| surface-only floor AP, test (must beat it by ≥ {margin_text(c.get('surface_ap'))}) | {fmt(c.get('surface_ap'))} |",
               ] + ([f"| LM-perplexity AP, test | {fmt(c['ap_perplexity'])} |"] if c.get("ap_perplexity") is not None
                    else [])
     lines += [f"| precision of the {name} cut on test (kept; 95 % interval) | {fmt(v['precision'])} ({v['n_kept']}"

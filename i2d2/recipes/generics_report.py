@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from critics.surface import FLOOR_MARGIN, floor_warning
+from critics.surface import floor_warning, margin_text
 from i2d2.io import read_jsonl, write_json, write_text
 from i2d2.metrics import chapman_estimate, self_bleu
 
@@ -202,7 +202,8 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
         ("critic", f"`{m['critic_model']}`" + (f" (reused from iteration {m['critic_reused_from']})"
                                                if m.get("critic_reused_from") is not None else "")),
         ("critic AP — test split", m["critic_ap"]),
-        (f"surface-only floor AP — test split (critic must beat it by ≥ {FLOOR_MARGIN})", m.get("critic_surface_ap")),
+        (f"surface-only floor AP — test split (critic must beat it by ≥ {margin_text(m.get('critic_surface_ap'))})",
+         m.get("critic_surface_ap")),
         ("LM-perplexity AP — test split", m.get("critic_ap_perplexity")),
         ("δ — chosen on the dev split", m["delta"]),
         ("critic precision / recall at δ — test split (kept / labelled)",
