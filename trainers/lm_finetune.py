@@ -158,9 +158,10 @@ class SelfImitationModule(L.LightningModule):
     def forward(self, **batch):
         return self.model(**batch)
 
-    def on_train_start(self):
-        # HF models load in eval mode and Lightning keeps a module's mode as it finds it; on_train_epoch_start
-        # is not called when a run resumes mid-epoch, so set train mode here too (dropout as in the first run).
+    def on_fit_start(self):
+        # HF models load in eval mode and Lightning keeps a module's mode as it finds it. on_fit_start runs before
+        # Lightning checks the modes (a warning otherwise) and also on a resume, where on_train_epoch_start is not
+        # called mid-epoch (dropout as in the first run).
         self.model.train()
 
     def on_train_epoch_start(self):
