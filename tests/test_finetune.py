@@ -115,3 +115,13 @@ def test_deepspeed_on_cpu_fails_clearly(tmp_path):
         cfg = compose("train", overrides=["trainer=deepspeed_stage3"])
     with pytest.raises(RuntimeError, match="DeepSpeed.*needs a CUDA GPU"):
         finetune(model, tok, ROWS, tmp_path / "w", tmp_path / "m", CFG, OmegaConf.to_container(cfg.trainer, resolve=True))
+
+
+def test_log_interval_capped_at_an_epoch(tmp_path):
+    """A kept set smaller than log_every_n_steps still logs its loss curve (Lightning logs no step otherwise)."""
+    from trainers.lm_finetune import finetune_trainer
+
+    tc = {**CPU, "log_every_n_steps": 5}
+    assert finetune_trainer(tc, CFG, tmp_path / "a", batches_per_epoch=3)[0].log_every_n_steps == 3
+    assert finetune_trainer(tc, CFG, tmp_path / "b", batches_per_epoch=40)[0].log_every_n_steps == 5
+    assert finetune_trainer(tc, CFG, tmp_path / "c")[0].log_every_n_steps == 5
