@@ -207,16 +207,21 @@ def run_model(name, args, out_rows):
                "ratio_median_of_rounds": round(med[label], 3),
                "all_satisfied": None if sat is None else round(sat, 3)}
         out_rows.append(row)
-        print(f"{name:18s} {label:8s} {best[label]:8.2f} s   x{best[label] / base:5.2f}   x{med[label]:5.2f}"
+        print(f"{name:18s} {label:{label_width(args)}s} {best[label]:8.2f} s   x{best[label] / base:5.2f}   x{med[label]:5.2f}"
               + ("" if sat is None else f"   all-satisfied {sat:.0%}"), flush=True)
     for label in [r[0] for r in runs[1:4]] if args.against else []:
         ref = f"{label}@{args.against}"
         pair = statistics.median(a / b for a, b in zip(rounds[label], rounds[ref]))
         out_rows.append({"model": name, "setting": label, "against": args.against,
                          "ratio_to_against": round(best[label] / best[ref], 3), "ratio_to_against_median": round(pair, 3)})
-        print(f"{name:18s} {label:8s} this checkout / {args.against}: x{best[label] / best[ref]:5.3f} (best rounds), "
+        print(f"{name:18s} {label:{label_width(args)}s} this checkout / {args.against}: x{best[label] / best[ref]:5.3f} (best rounds), "
               f"x{pair:5.3f} (median of paired rounds)", flush=True)
     del model, dec, dec_nc
+
+
+def label_width(args) -> int:
+    """Width of the setting column: the longest label, nl-i2d2@REV with --against."""
+    return max(8, len(f"nl-i2d2@{args.against}") if args.against else 0)
 
 
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
@@ -301,7 +306,7 @@ def main(argv=None):
               f"{'ms/step':>9s}")
     else:
         clock = "cpu time" if args.cpu_time else "wall"
-        print(f"{'model':18s} {'setting':8s} {clock:>10s}   ratio to plain beam search: best times, median of rounds")
+        print(f"{'model':18s} {'setting':{label_width(args)}s} {clock:>10s}   ratio to plain beam search: best times, median of rounds")
     rows = []
     for n in names:
         run_model(n, args, rows)
