@@ -118,10 +118,24 @@ def test_deepspeed_on_cpu_fails_clearly(tmp_path):
 
 
 def test_log_interval_capped_at_an_epoch(tmp_path):
-    """A kept set smaller than log_every_n_steps still logs its loss curve (Lightning logs no step otherwise)."""
+    """A kept set shorter than log_every_n_steps (which counts optimizer steps) still logs its step losses."""
     from trainers.lm_finetune import finetune_trainer
 
     tc = {**CPU, "log_every_n_steps": 5}
-    assert finetune_trainer(tc, CFG, tmp_path / "a", batches_per_epoch=3)[0].log_every_n_steps == 3
-    assert finetune_trainer(tc, CFG, tmp_path / "b", batches_per_epoch=40)[0].log_every_n_steps == 5
+    assert finetune_trainer(tc, CFG, tmp_path / "a", steps_per_epoch=3)[0].log_every_n_steps == 3
+    assert finetune_trainer(tc, CFG, tmp_path / "b", steps_per_epoch=40)[0].log_every_n_steps == 5
     assert finetune_trainer(tc, CFG, tmp_path / "c")[0].log_every_n_steps == 5
+    assert finetune_trainer({**CPU, "log_every_n_steps": 0}, CFG, tmp_path / "d",
+                            steps_per_epoch=3)[0].log_every_n_steps == 0  # no step logging stays off
+
+    class Seen(Callback):
+        def on_fit_start(self, trainer, pl_module):
+            self.every = trainer.log_every_n_steps
+
+    model, tok = tiny_model("gpt2")
+    for accumulate, max_steps, every in [(1, -1, 3), (2, -1, 2), (1, 2, 2)]:  # 6 rows of batch 2: 3 batches
+        seen = Seen()
+        finetune(model, tok, ROWS[:6], tmp_path / f"w{accumulate}{max_steps}", tmp_path / f"m{accumulate}{max_steps}",
+                 {**CFG, "epochs": 1, "accumulate_grad_batches": accumulate, "max_steps": max_steps}, tc,
+                 callbacks=[seen])
+        assert seen.every == every, (accumulate, max_steps, seen.every)

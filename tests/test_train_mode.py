@@ -11,17 +11,24 @@ from i2d2.models import load_seq2seq, tiny_model
 
 
 def _fit_one_step(module, loader):
-    """Fit ``module`` for one step; return (whether every module was in train mode at the step, warnings)."""
+    """Fit ``module`` for one step; return whether every module was in train mode when the fit loop started (before
+    any module's own on_train_start: callbacks run first) and at the step, and the warnings."""
     seen = []
+
+    class AtTrainStart(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen.append(all(m.training for m in pl_module.modules()))  # BART's dropout is functional: every module
+
     step = module.training_step
 
     def spy(batch, batch_idx):
-        seen.append(all(m.training for m in module.modules()))  # BART's dropout is functional: every module
+        seen.append(all(m.training for m in module.modules()))
         return step(batch, batch_idx)
 
     module.training_step = spy
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=[AtTrainStart()])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, loader)
@@ -70,5 +77,5 @@ def test_pretrained_model_trains_in_train_mode(build):
     module, loader, pretrained = build()
     pretrained.eval()  # as from_pretrained leaves it
     seen, warned = _fit_one_step(module, loader)
-    assert seen == [True]
+    assert seen == [True, True]
     assert not [w for w in warned if "in eval mode" in w], warned

@@ -203,16 +203,17 @@ class SelfImitationModule(L.LightningModule):
 
 def finetune_trainer(trainer_cfg: Mapping, cfg: Mapping, work_dir: str | Path, logger=None,
                      callbacks: Sequence = (), progress: EpochProgress | None = None,
-                     batches_per_epoch: int | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
+                     steps_per_epoch: int | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
     """The Trainer of one fine-tuning (through ``i2d2.lightning_setup.build_trainer``) and its checkpoint callback:
     ``last.ckpt`` every ``ckpt_every_n_steps`` optimizer steps (a directory under DeepSpeed); ``progress``: the
-    data module's, counted by ``ResumeState`` (exact resume, i2d2/resume.py). ``batches_per_epoch`` caps the
-    trainer's ``log_every_n_steps``: a kept set smaller than the interval (the CPU demo's 3 batches against 5)
-    would otherwise log no step of its loss curve."""
+    data module's, counted by ``ResumeState`` (exact resume, i2d2/resume.py). ``steps_per_epoch`` (optimizer steps
+    the fit takes in an epoch, at most) caps the trainer's ``log_every_n_steps``, which counts optimizer steps: a
+    kept set shorter than the interval (the CPU demo's 3 steps against 5) would otherwise log no step's loss."""
     cfg = fill(FinetuneConfig, cfg, where="task.finetune")
-    every = int((plain(trainer_cfg) or {}).get("log_every_n_steps") or 50)
-    if batches_per_epoch:
-        every = max(1, min(every, int(batches_per_epoch)))
+    every = (plain(trainer_cfg) or {}).get("log_every_n_steps")
+    every = 50 if every is None else int(every)  # Lightning's default; 0 (no step logging) stays 0
+    if steps_per_epoch and every > 0:
+        every = max(1, min(every, int(steps_per_epoch)))
     ckpt = ModelCheckpoint(dirpath=Path(work_dir) / "checkpoints", filename="step{step}", save_last=True,
                            save_top_k=0, every_n_train_steps=max(1, cfg["ckpt_every_n_steps"]),
                            save_on_train_epoch_end=True, auto_insert_metric_name=False)
@@ -241,14 +242,14 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     dm = SelfImitationDataModule(rows, tokenizer, batch_size=cfg["batch_size"], max_length=cfg["max_length"],
                                  seed=seed)
     batches = math.ceil(math.ceil(len(dm.examples) / world_size_of(tc)) / dm.batch_size)  # per epoch, one rank
+    total = optimizer_steps(batches, cfg["epochs"], tc, accumulate=cfg["accumulate_grad_batches"],
+                            max_steps=cfg["max_steps"])
     module = SelfImitationModule(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                                  warmup_ratio=cfg["warmup_ratio"], lora=cfg["lora"],
-                                 gradient_checkpointing=cfg["gradient_checkpointing"],
-                                 total_steps=optimizer_steps(batches, cfg["epochs"], tc,
-                                                             accumulate=cfg["accumulate_grad_batches"],
-                                                             max_steps=cfg["max_steps"]))
+                                 gradient_checkpointing=cfg["gradient_checkpointing"], total_steps=total)
     torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
-    trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress, batches_per_epoch=batches)
+    per_epoch = min(total, math.ceil(batches / max(1, int(cfg["accumulate_grad_batches"]))))
+    trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress, steps_per_epoch=per_epoch)
     resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)
     if resume:
         log.info("fine-tuning: resuming from %s", resume)

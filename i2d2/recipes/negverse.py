@@ -172,7 +172,7 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
     log.info("negverse data: %s", data_stats)
 
-    fp_train = fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), _c(cfg.task.train), "negverse-train-v1")
+    fp_train = fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), _c(cfg.task.train), "negverse-train-v2")
     train_dir = run_dir / "train"
     train_summary = run_stage(train_dir, fp_train, lambda out: train_stage(cfg, data_dir, out, logger), "negverse-train")
     log.info("negverse training: %s", train_summary)
