@@ -11,13 +11,16 @@ from i2d2.models import load_seq2seq, tiny_model
 
 
 def _fit_one_step(module, loader):
-    """Fit ``module`` for one step; return whether every module was in train mode when the fit loop started (before
-    any module's own on_train_start: callbacks run first) and at the step, and the warnings."""
+    """Fit ``module`` for one step; return whether every module was in train mode at the fit's start (where the model
+    summary reads the modes), when the fit loop started and at the step, and the warnings."""
     seen = []
 
-    class AtTrainStart(L.Callback):
-        def on_train_start(self, trainer, pl_module):
+    class AtStart(L.Callback):  # callbacks' hooks run before the module's: the model summary reads modes here
+        def on_fit_start(self, trainer, pl_module):
             seen.append(all(m.training for m in pl_module.modules()))  # BART's dropout is functional: every module
+
+        def on_train_start(self, trainer, pl_module):
+            seen.append(all(m.training for m in pl_module.modules()))
 
     step = module.training_step
 
@@ -28,7 +31,7 @@ def _fit_one_step(module, loader):
     module.training_step = spy
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        callbacks=[AtTrainStart()])
+                        callbacks=[AtStart()])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(module, loader)
@@ -77,5 +80,5 @@ def test_pretrained_model_trains_in_train_mode(build):
     module, loader, pretrained = build()
     pretrained.eval()  # as from_pretrained leaves it
     seen, warned = _fit_one_step(module, loader)
-    assert seen == [True, True]
+    assert seen == [True, True, True]
     assert not [w for w in warned if "in eval mode" in w], warned

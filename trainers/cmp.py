@@ -92,9 +92,11 @@ class CMPModule(L.LightningModule):
                           labels=batch["labels"]).loss
 
     # steps ---------------------------------------------------------------------------------------
-    def on_fit_start(self):
-        # from_pretrained returns eval-mode models; training wants dropout on (set before Lightning checks the modes)
-        self.model.train()
+    def setup(self, stage):
+        # from_pretrained returns eval-mode models; training wants dropout on (set before Lightning's model summary
+        # and mode check read the modes)
+        if stage == "fit":
+            self.model.train()
 
     def training_step(self, batch: dict, batch_idx: int):
         losses = {t: self.task_loss(b) for t, b in batch.items()}

@@ -158,11 +158,12 @@ class SelfImitationModule(L.LightningModule):
     def forward(self, **batch):
         return self.model(**batch)
 
-    def on_fit_start(self):
-        # HF models load in eval mode and Lightning keeps a module's mode as it finds it. on_fit_start runs before
-        # Lightning checks the modes (a warning otherwise) and also on a resume, where on_train_epoch_start is not
-        # called mid-epoch (dropout as in the first run).
-        self.model.train()
+    def setup(self, stage):
+        # HF models load in eval mode and Lightning keeps a module's mode as it finds it. setup("fit") runs before
+        # the model summary and the fit loop's mode check (a warning otherwise) read the modes, and also on a resume,
+        # where on_train_epoch_start is not called mid-epoch (dropout as in the first run).
+        if stage == "fit":
+            self.model.train()
 
     def on_train_epoch_start(self):
         self.model.train()

@@ -27,10 +27,12 @@ class NegVerseModule(L.LightningModule):
         self.loss_history: list[float] = []  # every step's loss, also those before a resume (in the checkpoint)
         self.steps_this_session = 0
 
-    def on_fit_start(self):
+    def setup(self, stage):
         # the base model loads in eval mode; as in standard prompt tuning it trains with its dropout on (its
-        # weights stay frozen). Generation loads the adapter afresh, in eval mode.
-        self.lm.train()
+        # weights stay frozen), set before Lightning's model summary and mode check read the modes. Generation
+        # loads the adapter afresh, in eval mode.
+        if stage == "fit":
+            self.lm.train()
 
     def training_step(self, batch, batch_idx):
         loss = self.lm.loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
