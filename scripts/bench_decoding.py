@@ -207,20 +207,21 @@ def run_model(name, args, out_rows):
                "ratio_median_of_rounds": round(med[label], 3),
                "all_satisfied": None if sat is None else round(sat, 3)}
         out_rows.append(row)
-        print(f"{name:18s} {label:{label_width(args)}s} {best[label]:8.2f} s   x{best[label] / base:5.2f}   x{med[label]:5.2f}"
+        print(f"{name:20s} {label:{label_width(args)}s} {best[label]:8.2f} s   x{best[label] / base:5.2f}   x{med[label]:5.2f}"
               + ("" if sat is None else f"   all-satisfied {sat:.0%}"), flush=True)
     for label in [r[0] for r in runs[1:4]] if args.against else []:
         ref = f"{label}@{args.against}"
         pair = statistics.median(a / b for a, b in zip(rounds[label], rounds[ref]))
         out_rows.append({"model": name, "setting": label, "against": args.against,
                          "ratio_to_against": round(best[label] / best[ref], 3), "ratio_to_against_median": round(pair, 3)})
-        print(f"{name:18s} {label:{label_width(args)}s} this checkout / {args.against}: x{best[label] / best[ref]:5.3f} (best rounds), "
+        print(f"{name:20s} {label:{label_width(args)}s} this checkout / {args.against}: x{best[label] / best[ref]:5.3f} (best rounds), "
               f"x{pair:5.3f} (median of paired rounds)", flush=True)
     del model, dec, dec_nc
 
 
 def label_width(args) -> int:
-    """Width of the setting column: the longest label, nl-i2d2@REV with --against."""
+    """Width of the setting column: the longest label, nl-i2d2@REV with --against (the model column fits
+    packaged:gemma3-270m)."""
     return max(8, len(f"nl-i2d2@{args.against}") if args.against else 0)
 
 
@@ -265,7 +266,7 @@ def profile_setting(name, label, fn, model, args, sync):
            "kernels_per_step": round(kernels / steps, 1) if kernels else None,
            "ms_per_step": round(1e3 * wall / steps, 2)}
     kern = "-" if not kernels else row["kernels_per_step"]
-    print(f"{name:18s} {label:8s} {steps:6d} {row['ops_per_step']:10.1f} {row['compute_ops_per_step']:10.1f} "
+    print(f"{name:20s} {label:{label_width(args)}s} {steps:6d} {row['ops_per_step']:10.1f} {row['compute_ops_per_step']:10.1f} "
           f"{kern:>10} {row['syncs_per_step']:8.2f} "
           f"{row['ms_per_step']:9.2f}",
           flush=True)
@@ -302,11 +303,11 @@ def main(argv=None):
     print(f"device={args.device} threads={torch.get_num_threads()} batch={args.batch} beam={args.beam} "
           f"new_tokens={args.max_new_tokens}")
     if args.profile:
-        print(f"{'model':18s} {'setting':8s} {'steps':>6s} {'ops/step':>10s} {'compute':>10s} {'kern/step':>10s} {'syncs/st':>8s} "
+        print(f"{'model':20s} {'setting':{label_width(args)}s} {'steps':>6s} {'ops/step':>10s} {'compute':>10s} {'kern/step':>10s} {'syncs/st':>8s} "
               f"{'ms/step':>9s}")
     else:
         clock = "cpu time" if args.cpu_time else "wall"
-        print(f"{'model':18s} {'setting':{label_width(args)}s} {clock:>10s}   ratio to plain beam search: best times, median of rounds")
+        print(f"{'model':20s} {'setting':{label_width(args)}s} {clock:>10s}   ratio to plain beam search: best times, median of rounds")
     rows = []
     for n in names:
         run_model(n, args, rows)
