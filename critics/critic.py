@@ -38,7 +38,6 @@ class CriticModule(L.LightningModule):
         self.model, self.tokenizer = model, tokenizer
         # with LoRA a checkpoint holds only what trains (on_save_checkpoint): the frozen body comes from `name`
         self.strict_loading = not self.lora_enabled
-        self.model.train()  # from_pretrained returns eval mode; Lightning keeps submodule modes (dropout on)
         self.model.config.id2label = dict(ID2LABEL)
         self.model.config.label2id = {v: k for k, v in ID2LABEL.items()}
         self.val_ap = BinaryAveragePrecision()
@@ -46,6 +45,12 @@ class CriticModule(L.LightningModule):
         self._val_scores: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
         self.val_result: tuple[np.ndarray, np.ndarray] | None = None  # (labels, scores) of the last val epoch
+
+    def setup(self, stage):
+        # from_pretrained returns eval mode and Lightning keeps submodule modes: train with dropout on, set before
+        # Lightning's model summary and mode check read the modes
+        if stage == "fit":
+            self.model.train()
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None):
         kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}

@@ -1,5 +1,6 @@
-"""Every LightningModule that trains a pretrained model trains it in train mode (dropout on), set before Lightning
-checks the modes: from_pretrained returns eval-mode models, and Lightning keeps a module's mode as it finds it."""
+"""Every LightningModule that trains a pretrained model (the LM fine-tune, NegVerse, CMP, the fine-tuned critic)
+trains it in train mode (dropout on), set before Lightning reads the modes (model summary, fit-loop check):
+from_pretrained returns eval-mode models, and Lightning keeps a module's mode as it finds it."""
 
 import warnings
 
@@ -74,7 +75,19 @@ def _cmp():
     return module, train_loader(module, ds), model
 
 
-@pytest.mark.parametrize("build", [_self_imitation, _negverse, _cmp], ids=["i2d2-finetune", "negverse", "cmp"])
+def _critic():
+    from torch.utils.data import DataLoader
+
+    from critics.critic import CriticModule
+    from critics.data import Collator, StatementDataset
+
+    module = CriticModule(name="tiny:bert", total_steps=1)
+    data = StatementDataset(["Birds can fly.", "Fish can climb trees."], [1, 0])
+    return module, DataLoader(data, batch_size=2, collate_fn=Collator(module.tokenizer, 32)), module.model
+
+
+@pytest.mark.parametrize("build", [_self_imitation, _negverse, _cmp, _critic],
+                         ids=["i2d2-finetune", "negverse", "cmp", "critic"])
 def test_pretrained_model_trains_in_train_mode(build):
     torch.manual_seed(0)
     module, loader, pretrained = build()
