@@ -163,18 +163,17 @@ def run_model(name, args, out_rows):
             torch.cuda.synchronize()
 
     # warm-up (allocator, kernels, token tables) on a short run of each kind
-    saved = (dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens)
-    dec.cfg.max_new_tokens = dec_nc.cfg.max_new_tokens = 3
-    if args.against:
-        odec.cfg.max_new_tokens = odec_nc.cfg.max_new_tokens = 3
+    decoders = [dec, dec_nc] + ([odec, odec_nc] if args.against else [])
+    saved = [d.cfg.max_new_tokens for d in decoders]
+    for d in decoders:
+        d.cfg.max_new_tokens = 3
     for _, fn, _ in runs[1:]:
         fn()
     enc = tok(ip[:2], return_tensors="pt", padding=True).to(args.device)
     with torch.inference_mode():
         model.generate(**enc, num_beams=K, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
-    dec.cfg.max_new_tokens, dec_nc.cfg.max_new_tokens = saved
-    if args.against:
-        odec.cfg.max_new_tokens, odec_nc.cfg.max_new_tokens = saved
+    for d, n in zip(decoders, saved):
+        d.cfg.max_new_tokens = n
     if args.profile:
         for label, fn, _ in runs:
             out_rows.append(profile_setting(name, label, fn, model, args, sync))
@@ -220,8 +219,7 @@ def run_model(name, args, out_rows):
 
 
 def label_width(args) -> int:
-    """Width of the setting column: the longest label, nl-i2d2@REV with --against (the model column fits
-    packaged:gemma3-270m)."""
+    """Width of the setting column: the longest label, nl-i2d2@REV with --against."""
     return max(8, len(f"nl-i2d2@{args.against}") if args.against else 0)
 
 
