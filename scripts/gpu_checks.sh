@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks only a GPU can run (issue 14), prepared to spend a short device lease well. From a session with the
 # device tool, after `PYTHON=.venv/bin/python bash scripts/gpu_wheelhouse.sh` here:
-#   run(command="bash scripts/gpu_checks.sh bench",     carry=[".whl"], timeout_s=420)   # ~3 min after the start
-#   run(command="bash scripts/gpu_checks.sh deepspeed", carry=[".whl"], timeout_s=560)   # ~6 min
+#   run(command="bash scripts/gpu_checks.sh all", carry=[".whl"], timeout_s=560)   # DeepSpeed ~5 min, then bench ~2
+#   (or one part per call: bash scripts/gpu_checks.sh deepspeed | bench)
 #   bench:     GPU decoding speed, NeuroLogic vs plain beam search (tiny:gpt2, tiny:gpt2-124m; batch 32 and 8) and
 #              the --profile table (CUDA kernels, host syncs and ms per step)
 #   deepspeed: experiment=smoke for two iterations with trainer=deepspeed_stage2, _stage3 and gpu on
@@ -56,39 +56,42 @@ timed() {  # run a command, then print its wall time ("<seconds> s")
 }
 
 deepspeed_runs() {
-  local log="$OUT/deepspeed.log" runs=/tmp/gpu_checks_runs rc=0
+  local log="$OUT/deepspeed.log" runs=/tmp/gpu_checks_runs rc=0 lim=${RUN_LIMIT_S:-150}
   rm -rf "$runs"
   # the first trainer of each list is the reference of the comparison: ZeRO-3 against ZeRO-2 (both bf16 under
-  # DeepSpeed), then the plain GPU fit (fp32 weights: bf16 rounding apart)
+  # DeepSpeed), then the plain GPU fit (fp32 weights: bf16 rounding apart). Each section compares its models as soon
+  # as its runs end and each run has its own time limit (RUN_LIMIT_S), so a short lease still reports what finished.
   local trainers=(deepspeed_stage2 deepspeed_stage3 gpu) big=(deepspeed_stage2 deepspeed_stage3)
   [ "$DEV" = cpu ] && trainers=(cpu) big=(cpu)
+  local z=${trainers[0]}
   {
     for tr in "${trainers[@]}"; do
       echo "== tiny:gpt2 trainer=$tr"
-      timed "$PY" -m i2d2.train experiment=smoke trainer="$tr" iteration=0 num_iterations=2 run_dir="$runs/tiny_$tr" || rc=1
+      timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$tr" iteration=0 num_iterations=2 \
+        run_dir="$runs/tiny_$tr" || rc=1
     done
-    # a ZeRO fine-tuning killed after its 2nd step (before that step's checkpoint) and run again resumes from its
-    # last checkpoint: compared below with the run that was never killed
-    local z=${trainers[0]}
-    echo "== tiny:gpt2 trainer=$z, the LM fine-tuning killed after its 2nd step (I2D2_FAULT_AT=train_step/finetune:2), then run again"
-    I2D2_FAULT_AT=train_step/finetune:2 timed "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 \
-      num_iterations=2 run_dir="$runs/resumed_$z"
-    timed "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 run_dir="$runs/resumed_$z" \
-      > "$runs/resumed.log" 2>&1 || rc=1
-    cat "$runs/resumed.log"
-    grep -q "resuming from" "$runs/resumed.log" && echo "resumed: yes" || { echo "resumed: NO (no 'resuming from')"; rc=1; }
+    # across trainers at iteration 0 only: from iteration 1 each run fine-tunes on its own generations
+    echo "== saved models reloaded, iteration 0 (reference: trainer=$z)"
+    "$PY" scripts/compare_saved_models.py "${trainers[@]/#/$runs/tiny_}" --start tiny:gpt2 --iteration 0 \
+      --json "$OUT/compare_tiny.json" || rc=1
     for tr in "${big[@]}"; do
       echo "== tiny:gpt2-124m trainer=$tr"
       # a ZeRO checkpoint of the 124M model is ~1.7 GB: one at the end of each fine-tuning, not one per step
-      timed "$PY" -m i2d2.train experiment=smoke trainer="$tr" model.name=tiny:gpt2-124m iteration=0 num_iterations=2 \
-        task.finetune.ckpt_every_n_steps=1000 run_dir="$runs/124m_$tr" || rc=1
+      timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$tr" model.name=tiny:gpt2-124m iteration=0 \
+        num_iterations=2 task.finetune.ckpt_every_n_steps=1000 run_dir="$runs/124m_$tr" || rc=1
     done
-    # across trainers at iteration 0 only: from iteration 1 each run fine-tunes on its own generations
-    echo "== saved models reloaded, iteration 0 (reference: trainer=${trainers[0]})"
-    "$PY" scripts/compare_saved_models.py "${trainers[@]/#/$runs/tiny_}" --start tiny:gpt2 --iteration 0 \
-      --json "$OUT/compare_tiny.json" || rc=1
+    echo "== saved models reloaded, iteration 0 (reference: trainer=${big[0]})"
     "$PY" scripts/compare_saved_models.py "${big[@]/#/$runs/124m_}" --start tiny:gpt2-124m --iteration 0 \
       --json "$OUT/compare_124m.json" || rc=1
+    # a ZeRO fine-tuning killed after its 2nd step (before that step's checkpoint) and run again resumes from its
+    # last checkpoint: compared with the run that was never killed
+    echo "== tiny:gpt2 trainer=$z, the LM fine-tuning killed after its 2nd step (I2D2_FAULT_AT=train_step/finetune:2), then run again"
+    I2D2_FAULT_AT=train_step/finetune:2 timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" \
+      iteration=0 num_iterations=2 run_dir="$runs/resumed_$z"
+    timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
+      run_dir="$runs/resumed_$z" > "$runs/resumed.log" 2>&1 || rc=1
+    cat "$runs/resumed.log"
+    grep -q "resuming from" "$runs/resumed.log" && echo "resumed: yes" || { echo "resumed: NO (no 'resuming from')"; rc=1; }
     echo "== the killed and resumed run against the same trainer's uninterrupted run, every iteration (on a GPU, kernels"
     echo "   need not be bit-identical from run to run: read small differences as such)"
     "$PY" scripts/compare_saved_models.py "$runs/tiny_$z" "$runs/resumed_$z" --start tiny:gpt2 \
@@ -101,6 +104,8 @@ deepspeed_runs() {
 case "$part" in
   bench) bench ;;
   deepspeed) deepspeed_runs ;;
-  all) bench; deepspeed_runs ;;
+  # DeepSpeed first (it has never run on a GPU here), each part under its own share of the call's limit; timeout
+  # stops a part's whole process group
+  all) timeout "${DS_BUDGET_S:-360}" bash "$0" deepspeed; timeout "${BENCH_BUDGET_S:-180}" bash "$0" bench ;;
   *) echo "usage: gpu_checks.sh bench|deepspeed|all" >&2; exit 2 ;;
 esac
