@@ -83,8 +83,20 @@ def main(cfg: DictConfig):
         recipe = hydra.utils.get_method(cfg.task.recipe)
         return recipe(cfg)
     finally:
+        close_process_group()
         if lock is not None:
             lock.release()
+
+
+def close_process_group() -> None:
+    """Lightning's DDP and DeepSpeed strategies open a process group and leave it open; closing it here, once the
+    run is over, is what torch asks (it warns "destroy_process_group() was not called" at exit otherwise)."""
+    if "torch" not in sys.modules:  # the run failed before torch was imported: no group can be open
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

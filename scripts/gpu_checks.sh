@@ -2,16 +2,18 @@
 # The checks only a GPU can run (issue 14), prepared to spend a short device lease well. From a session with the
 # device tool, after `PYTHON=.venv/bin/python bash scripts/gpu_wheelhouse.sh` here:
 #   run(command="bash scripts/gpu_checks.sh all", carry=[".whl"], timeout_s=560)   # DeepSpeed ~5 min, then bench ~2
-#   (or one part per call: bash scripts/gpu_checks.sh deepspeed | bench)
+#   (or one part per call: bash scripts/gpu_checks.sh deepspeed | bench | resume)
 #   bench:     GPU decoding speed, NeuroLogic vs plain beam search (tiny:gpt2, tiny:gpt2-124m; batch 32 and 8) and
 #              the --profile table (CUDA kernels, host syncs and ms per step)
 #   deepspeed: experiment=smoke for two iterations with trainer=deepspeed_stage2, _stage3 and gpu on
-#              tiny:gpt2, a _stage2 run whose LM fine-tuning is killed at its 2nd step and run again (it must
-#              resume from its checkpoint), _stage2 and _stage3 on tiny:gpt2-124m; every saved model reloaded and
-#              compared (scripts/compare_saved_models.py; ZeRO-2 is the reference)
+#              tiny:gpt2, _stage2 and _stage3 on tiny:gpt2-124m, then the resume check; every saved model
+#              reloaded and compared (scripts/compare_saved_models.py; ZeRO-2 is the reference)
+#   resume:    a second uninterrupted _stage2 run (the run-to-run noise floor) and a _stage2 run whose LM
+#              fine-tuning is killed at its 2nd step and run again (it must resume from its checkpoint), both
+#              compared with the first run at every iteration
 # Everything lands in $OUT (runs/gpu_checks where unset): <part>.log plus JSON, 7 files (the tool returns up to 8).
 # CHECK_DEVICE=cpu runs the same on a CPU (the DeepSpeed stages are then skipped: DeepSpeed refuses a CPU);
-# BENCH_MODELS narrows the benchmark's models (default tiny:gpt2,tiny:gpt2-124m).
+# BENCH_MODELS and BENCH_BATCHES narrow the benchmark (default tiny:gpt2,tiny:gpt2-124m and "32 8").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
@@ -36,7 +38,7 @@ bench() {
   { nvidia-smi 2>/dev/null | head -15
     "$PY" -m pip show typing-extensions fsspec numpy 2>/dev/null | grep -E "^(Name|Version|Location)"
     "$PY" -c "import torch, transformers, lightning; print('torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', lightning.__version__, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
-    for b in 32 8; do
+    for b in ${BENCH_BATCHES:-32 8}; do
       echo "== batch $b"
       "$PY" scripts/bench_decoding.py --models "$MODELS" --device "$DEV" --batch "$b" --repeats 3 \
         --json "$OUT/bench_b$b.json" || rc=1
@@ -83,29 +85,47 @@ deepspeed_runs() {
     echo "== saved models reloaded, iteration 0 (reference: trainer=${big[0]})"
     "$PY" scripts/compare_saved_models.py "${big[@]/#/$runs/124m_}" --start tiny:gpt2-124m --iteration 0 \
       --json "$OUT/compare_124m.json" || rc=1
-    # a ZeRO fine-tuning killed after its 2nd step (before that step's checkpoint) and run again resumes from its
-    # last checkpoint: compared with the run that was never killed
-    echo "== tiny:gpt2 trainer=$z, the LM fine-tuning killed after its 2nd step (I2D2_FAULT_AT=train_step/finetune:2), then run again"
-    I2D2_FAULT_AT=train_step/finetune:2 timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" \
-      iteration=0 num_iterations=2 run_dir="$runs/resumed_$z"
-    timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
-      run_dir="$runs/resumed_$z" > "$runs/resumed.log" 2>&1 || rc=1
-    cat "$runs/resumed.log"
-    grep -q "resuming from" "$runs/resumed.log" && echo "resumed: yes" || { echo "resumed: NO (no 'resuming from')"; rc=1; }
-    echo "== the killed and resumed run against the same trainer's uninterrupted run, every iteration (on a GPU, kernels"
-    echo "   need not be bit-identical from run to run: read small differences as such)"
-    "$PY" scripts/compare_saved_models.py "$runs/tiny_$z" "$runs/resumed_$z" --start tiny:gpt2 \
-      --json "$OUT/compare_resume.json" || rc=1
+    resume_runs "$runs" "$z" "$lim" || rc=1
   } > "$log" 2>&1
   grep -E "^==|^   |iteration . done|params|does not load|skipped|resum|Error|^[0-9]+ s \(exit" "$log"
+  return $rc
+}
+
+resume_runs() {  # <runs folder> <trainer> <time limit per run>: the resume check and the noise floor it is read against
+  local runs=$1 z=$2 lim=$3 rc=0
+  # the same uninterrupted run a second time: what two runs of one config differ by on this machine (GPU kernels
+  # need not be bit-identical from process to process), the floor against which the resumed run below is read
+  [ -d "$runs/tiny_$z" ] || { echo "== tiny:gpt2 trainer=$z"; timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke \
+    trainer="$z" iteration=0 num_iterations=2 run_dir="$runs/tiny_$z" || rc=1; }
+  echo "== tiny:gpt2 trainer=$z again, uninterrupted"
+  timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
+    run_dir="$runs/again_$z" || rc=1
+  # a ZeRO fine-tuning killed after its 2nd step (before that step's checkpoint) and run again resumes from its
+  # last checkpoint: compared with the run that was never killed
+  echo "== tiny:gpt2 trainer=$z, the LM fine-tuning killed after its 2nd step (I2D2_FAULT_AT=train_step/finetune:2), then run again"
+  I2D2_FAULT_AT=train_step/finetune:2 timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" \
+    iteration=0 num_iterations=2 run_dir="$runs/resumed_$z"
+  timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
+    run_dir="$runs/resumed_$z" > "$runs/resumed.log" 2>&1 || rc=1
+  cat "$runs/resumed.log"
+  grep -q "resuming from" "$runs/resumed.log" && echo "resumed: yes" || { echo "resumed: NO (no 'resuming from')"; rc=1; }
+  echo "== a second uninterrupted run and the killed-and-resumed run against the first, every iteration (the"
+  echo "   second run is the noise floor: read the resumed run's differences against it)"
+  "$PY" scripts/compare_saved_models.py "$runs/tiny_$z" "$runs/again_$z" "$runs/resumed_$z" --start tiny:gpt2 \
+    --json "$OUT/compare_resume.json" || rc=1
   return $rc
 }
 
 case "$part" in
   bench) bench ;;
   deepspeed) deepspeed_runs ;;
+  resume)  # the resume check alone (its first trainer's runs), e.g. to repeat it
+    r=/tmp/gpu_checks_runs; rm -rf "$r"; mkdir -p "$r"
+    [ "$DEV" = cpu ] && z=cpu || z=deepspeed_stage2
+    resume_runs "$r" "$z" "${RUN_LIMIT_S:-150}" > "$OUT/resume.log" 2>&1; rc=$?
+    grep -E "^==|^   |params|resum|Error|destroy_process_group|^[0-9]+ s \(exit" "$OUT/resume.log"; exit $rc ;;
   # DeepSpeed first (it has never run on a GPU here), each part under its own share of the call's limit; timeout
   # stops a part's whole process group
   all) timeout "${DS_BUDGET_S:-360}" bash "$0" deepspeed; timeout "${BENCH_BUDGET_S:-180}" bash "$0" bench ;;
-  *) echo "usage: gpu_checks.sh bench|deepspeed|all" >&2; exit 2 ;;
+  *) echo "usage: gpu_checks.sh bench|deepspeed|resume|all" >&2; exit 2 ;;
 esac

@@ -278,3 +278,17 @@ def test_zero_run_saves_full_weights_and_resumes_from_its_directory(cpu_deepspee
         assert wa[k].shape == ref[k].shape, k
         assert torch.allclose(wa[k], wb[k], atol=1e-6), k
     assert not torch.allclose(wa["transformer.h.0.mlp.c_fc.weight"], ref["transformer.h.0.mlp.c_fc.weight"])
+
+
+def test_the_entry_point_closes_the_process_group_a_strategy_left_open(tmp_path):
+    # Lightning's DDP/DeepSpeed strategies open a process group and never close it; torch then warns at exit
+    # ("destroy_process_group() was not called"), as every DeepSpeed run on the H100 did
+    import torch.distributed as dist
+
+    from i2d2.train import close_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    close_process_group()
+    assert not dist.is_initialized()
+    close_process_group()  # nothing open: a no-op
