@@ -113,6 +113,19 @@ resume_runs() {  # <runs folder> <trainer> <time limit per run>: the resume chec
   echo "   second run is the noise floor: read the resumed run's differences against it)"
   "$PY" scripts/compare_saved_models.py "$runs/tiny_$z" "$runs/again_$z" "$runs/resumed_$z" --start tiny:gpt2 \
     --json "$OUT/compare_resume.json" || rc=1
+  # where the runs part: the first stage output whose contents differ (the H100 lease of 2026-11-26 found the
+  # resumed run's iteration 1 fine-tune off the uninterrupted runs' losses, 3.031 against 3.042, and no stage data)
+  echo "== stage outputs, sha256 (first 12) per run: first uninterrupted / second uninterrupted / resumed"
+  local it f
+  for it in iter_0 iter_1; do
+    for f in generations/generations.jsonl critic_scores/scores-rank0.npz filtered/kept.jsonl model/model.safetensors; do
+      printf '   %s/%-32s' "$it" "$f"
+      for r in tiny again resumed; do
+        printf ' %s' "$(sha256sum "$runs/${r}_$z/$it/$f" 2>/dev/null | cut -c1-12 || true)"
+      done
+      echo
+    done
+  done
   return $rc
 }
 
