@@ -72,8 +72,14 @@ def resolve_precision(trainer_cfg: Mapping) -> str:
 
 def single_device_trainer(trainer_cfg: Mapping) -> dict:
     """The trainer config on one device in this process (no strategy, no DeepSpeed; the precision the hardware
-    has): what a small classifier's fit uses outside a multi-process launch."""
+    has): what a small classifier's fit uses outside a multi-process launch. A DeepSpeed config's gradient
+    clipping lives in its JSON; it is carried over, so that the critic trains alike under ``trainer=gpu`` and
+    ``trainer=deepspeed_stage2`` (on the H100 it trained unclipped under DeepSpeed: another critic, other kept rows)."""
     out = {k: v for k, v in dict(trainer_cfg).items() if k not in ("strategy", "devices", "num_nodes")}
+    if is_deepspeed(trainer_cfg) and out.get("gradient_clip_val") is None:
+        clip = read_deepspeed_json(dict(trainer_cfg["strategy"]).get("config")).get("gradient_clipping")
+        if clip:
+            out["gradient_clip_val"] = float(clip)
     return {**out, "precision": resolve_precision(trainer_cfg), "devices": 1, "strategy": "auto"}
 
 
@@ -127,15 +133,10 @@ def _precision_section(precision: str) -> str | None:
     return None
 
 
-def deepspeed_config(config: Any, precision: str, micro_batch: int | None, gradient_clip_val: float | None = None,
-                     where: str = "trainer.strategy.config") -> dict:
-    """The DeepSpeed config dict a strategy gets: the JSON file (or dict) ``config`` with a numeric
-    ``train_micro_batch_size_per_gpu`` (``micro_batch`` where the JSON says ``"auto"`` or nothing), the precision
-    section of ``precision`` enabled, and gradient clipping from the trainer where the JSON sets none."""
-    source = where
+def read_deepspeed_json(config: Any, where: str = "trainer.strategy.config") -> dict:
+    """A DeepSpeed config as a plain dict: ``config`` is a path to a JSON file, a mapping or None (empty)."""
     if isinstance(config, (str, os.PathLike)):
         path = Path(config)
-        source = f"{where} ({path})"
         if not path.is_file():
             raise FileNotFoundError(f"{where}: DeepSpeed config {path} not found")
         try:
@@ -145,6 +146,16 @@ def deepspeed_config(config: Any, precision: str, micro_batch: int | None, gradi
     conf = plain(config or {})
     if not isinstance(conf, dict):
         raise TypeError(f"{where}: a DeepSpeed config must be a JSON object or a path to one, got {type(conf).__name__}")
+    return conf
+
+
+def deepspeed_config(config: Any, precision: str, micro_batch: int | None, gradient_clip_val: float | None = None,
+                     where: str = "trainer.strategy.config") -> dict:
+    """The DeepSpeed config dict a strategy gets: the JSON file (or dict) ``config`` with a numeric
+    ``train_micro_batch_size_per_gpu`` (``micro_batch`` where the JSON says ``"auto"`` or nothing), the precision
+    section of ``precision`` enabled, and gradient clipping from the trainer where the JSON sets none."""
+    source = f"{where} ({config})" if isinstance(config, (str, os.PathLike)) else where
+    conf = read_deepspeed_json(config, where)
 
     micro = conf.get("train_micro_batch_size_per_gpu", "auto")
     if micro == "auto":

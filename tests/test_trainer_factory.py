@@ -137,6 +137,26 @@ def test_gpu_trainer_from_the_loop(fake_cuda, monkeypatch, tmp_path):
     assert trainer.max_epochs == cfg.task.finetune.epochs
 
 
+
+@pytest.mark.parametrize("mode", ["single", "subprocess"])
+def test_critic_trains_alike_under_every_gpu_trainer(fake_cuda, mode):
+    # the critic never runs under DeepSpeed; its trainer must still clip as the DeepSpeed JSON says (on the H100 it
+    # trained unclipped under trainer=deepspeed_stage2, clipped under trainer=gpu: two critics, two kept sets)
+    from i2d2.recipes.generics import Ranks, critic_trainer
+
+    ranks = Ranks(0, 2, mode)
+    built = {o: critic_trainer(compose(f"trainer={o}"), ranks) for o in ("gpu", "deepspeed_stage2", "deepspeed_stage3")}
+    for option, tc in built.items():
+        assert tc["gradient_clip_val"] == 1.0, option
+        assert tc["precision"] == "bf16-mixed", option
+        assert "deepspeed" not in str(tc["strategy"]).lower(), option
+    ds = {"_target_": "lightning.Trainer", "strategy": {"_target_": "lightning.pytorch.strategies.DeepSpeedStrategy",
+                                                        "config": {"gradient_clipping": 0.5}}}
+    assert S.single_device_trainer(ds)["gradient_clip_val"] == 0.5
+    assert S.single_device_trainer({**ds, "gradient_clip_val": 2.0})["gradient_clip_val"] == 2.0  # the trainer's own wins
+    trainer = S.build_trainer(built["deepspeed_stage2"] | {"accelerator": "cpu"}, logger=False)
+    assert trainer.gradient_clip_val == 1.0
+
 def test_critic_and_default_trainers_come_from_the_factory():
     trainer = S.build_trainer(None, max_epochs=2, logger=False, enable_progress_bar=False)
     assert trainer.max_epochs == 2 and trainer.num_devices == 1
