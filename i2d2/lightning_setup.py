@@ -72,14 +72,16 @@ def resolve_precision(trainer_cfg: Mapping) -> str:
 
 def single_device_trainer(trainer_cfg: Mapping) -> dict:
     """The trainer config on one device in this process (no strategy, no DeepSpeed; the precision the hardware
-    has): what a small classifier's fit uses outside a multi-process launch. A DeepSpeed config's gradient
-    clipping lives in its JSON; it is carried over, so that the critic trains alike under ``trainer=gpu`` and
-    ``trainer=deepspeed_stage2`` (on the H100 it trained unclipped under DeepSpeed: another critic, other kept rows)."""
+    has): what a small classifier's fit uses outside a multi-process launch. Under DeepSpeed the gradient clipping
+    is the one the LM fine-tuning gets (``deepspeed_config``: the JSON's ``gradient_clipping``, else the trainer's
+    ``gradient_clip_val``), so that the critic trains alike under ``trainer=gpu`` and ``trainer=deepspeed_stage2``
+    (on the H100 it trained unclipped under DeepSpeed and test AP 0.430 against 0.440)."""
     out = {k: v for k, v in dict(trainer_cfg).items() if k not in ("strategy", "devices", "num_nodes")}
-    if is_deepspeed(trainer_cfg) and out.get("gradient_clip_val") is None:
-        clip = read_deepspeed_json(dict(trainer_cfg["strategy"]).get("config")).get("gradient_clipping")
-        if clip:
-            out["gradient_clip_val"] = float(clip)
+    strategy = trainer_cfg.get("strategy")
+    if is_deepspeed(trainer_cfg) and isinstance(strategy, Mapping):  # a registry name ("deepspeed_stage_2") has no JSON
+        clip = read_deepspeed_json(strategy.get("config")).get("gradient_clipping")
+        if clip is not None:
+            out["gradient_clip_val"] = float(clip) or None  # 0 in DeepSpeed: no clipping
     return {**out, "precision": resolve_precision(trainer_cfg), "devices": 1, "strategy": "auto"}
 
 

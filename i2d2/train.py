@@ -83,9 +83,11 @@ def main(cfg: DictConfig):
         recipe = hydra.utils.get_method(cfg.task.recipe)
         return recipe(cfg)
     finally:
-        close_process_group()
-        if lock is not None:
-            lock.release()
+        try:
+            close_process_group()
+        finally:  # the lock is released even where closing the group fails
+            if lock is not None:
+                lock.release()
 
 
 def close_process_group() -> None:
@@ -96,7 +98,11 @@ def close_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001  (e.g. NCCL already aborted after a timeout: the run's own error, if
+            # any, is what the user must see, not this one)
+            print(f"warning: closing the process group failed: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

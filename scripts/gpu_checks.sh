@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # The checks only a GPU can run (issue 14), prepared to spend a short device lease well. From a session with the
 # device tool, after `PYTHON=.venv/bin/python bash scripts/gpu_wheelhouse.sh` here:
-#   run(command="bash scripts/gpu_checks.sh all", carry=[".whl"], timeout_s=600)   # DeepSpeed ~5-6 min, bench ~2-3
+#   run(command="bash scripts/gpu_checks.sh all", carry=[".whl"], timeout_s=600)   # DeepSpeed <= 380 s, bench <= 180
 #   (or one part per call: bash scripts/gpu_checks.sh deepspeed | bench | resume)
-#   bench:     GPU decoding speed, NeuroLogic vs plain beam search (tiny:gpt2, tiny:gpt2-124m; batch 32 and 8) and
-#              the --profile table (CUDA kernels, host syncs and ms per step)
-#   deepspeed: experiment=smoke for two iterations with trainer=deepspeed_stage2, _stage3 and gpu on
-#              tiny:gpt2, _stage2 and _stage3 on tiny:gpt2-124m, then the resume check; every saved model
-#              reloaded and compared (scripts/compare_saved_models.py; ZeRO-2 is the reference)
+#   deepspeed: experiment=smoke for two iterations with trainer=deepspeed_stage2, _stage3 and gpu on tiny:gpt2,
+#              then the resume check, then _stage2 and _stage3 on tiny:gpt2-124m; every saved model reloaded and
+#              compared (scripts/compare_saved_models.py; ZeRO-2 is the reference). Each run stops at RUN_LIMIT_S
+#              and at the part's deadline (DS_BUDGET_S under 'all'), and a section compares as soon as its runs end
 #   resume:    a second uninterrupted _stage2 run (the run-to-run noise floor) and a _stage2 run whose LM
 #              fine-tuning is killed at its 2nd step and run again (it must resume from its checkpoint), both
-#              compared with the first run at every iteration
+#              compared with the first run at every iteration, and each stage's output hashed per run
+#   bench:     GPU decoding speed, NeuroLogic vs plain beam search (tiny:gpt2, tiny:gpt2-124m; batch 32 and 8) and
+#              the --profile table (CUDA kernels, host syncs and ms per step)
 # Everything lands in $OUT (runs/gpu_checks where unset): <part>.log plus JSON, 7 files (the tool returns up to 8).
 # CHECK_DEVICE=cpu runs the same on a CPU (the DeepSpeed stages are then skipped: DeepSpeed refuses a CPU);
 # BENCH_MODELS, BENCH_BATCHES and BENCH_REPEATS set the benchmark (default tiny:gpt2,tiny:gpt2-124m, "32 8" and 7
-# rounds: a GPU batch takes 0.1-0.4 s, and on the H100 three rounds moved the ratios by +-20 %).
+# rounds: a GPU batch takes 0.1-0.4 s, and on the H100 three rounds moved the ratios by up to 40 %).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"  # 'all' runs its parts through it, after the cd below
+cd "$(dirname "$SCRIPT")/.."
 part=${1:-all}
 OUT=${OUT:-runs/gpu_checks}
 DEV=${CHECK_DEVICE:-cuda}
+RUNS=${GPU_CHECKS_RUNS:-/tmp/gpu_checks_runs}  # the runs' folders (large: ZeRO checkpoints), emptied by each part
 MODELS=${BENCH_MODELS:-tiny:gpt2,tiny:gpt2-124m}
 mkdir -p "$OUT"
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -58,57 +61,61 @@ timed() {  # run a command, then print its wall time ("<seconds> s")
   return $rc
 }
 
+train() {  # python -m i2d2.train ARGS under RUN_LIMIT_S and what is left of the part's budget (GPU_CHECKS_UNTIL,
+  # epoch seconds); timeout kills the run's whole process group, and nothing outside kills this shell halfway
+  local left=$(( ${GPU_CHECKS_UNTIL:-$(( $(date +%s) + 100000 ))} - $(date +%s) )) lim=${RUN_LIMIT_S:-150}
+  (( left < lim )) && lim=$left
+  if (( lim < 10 )); then echo "skipped, the part's time is spent: i2d2.train $*"; echo "0 s (exit 124)"; return 124; fi
+  timed timeout -k 10 "$lim" "$PY" -m i2d2.train experiment=smoke iteration=0 num_iterations=2 "$@"
+}
+
 deepspeed_runs() {
-  local log="$OUT/deepspeed.log" runs=/tmp/gpu_checks_runs rc=0 lim=${RUN_LIMIT_S:-150}
-  rm -rf "$runs"
+  local log="$OUT/deepspeed.log" runs=$RUNS rc=0
+  rm -rf "$runs"; mkdir -p "$runs"
   # the first trainer of each list is the reference of the comparison: ZeRO-3 against ZeRO-2 (both bf16 under
-  # DeepSpeed), then the plain GPU fit (fp32 weights: bf16 rounding apart). Each section compares its models as soon
-  # as its runs end and each run has its own time limit (RUN_LIMIT_S), so a short lease still reports what finished.
+  # DeepSpeed), then the plain GPU fit (bf16 autocast over fp32 weights). Each section compares its models as soon
+  # as its runs end, and the sections come in the order of what a short lease must answer first.
   local trainers=(deepspeed_stage2 deepspeed_stage3 gpu) big=(deepspeed_stage2 deepspeed_stage3)
   [ "$DEV" = cpu ] && trainers=(cpu) big=(cpu)
-  local z=${trainers[0]}
+  local z=${trainers[0]} tr
   {
     for tr in "${trainers[@]}"; do
       echo "== tiny:gpt2 trainer=$tr"
-      timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$tr" iteration=0 num_iterations=2 \
-        run_dir="$runs/tiny_$tr" || rc=1
+      train trainer="$tr" run_dir="$runs/tiny_$tr" || rc=1
     done
     # across trainers at iteration 0 only: from iteration 1 each run fine-tunes on its own generations
     echo "== saved models reloaded, iteration 0 (reference: trainer=$z)"
     "$PY" scripts/compare_saved_models.py "${trainers[@]/#/$runs/tiny_}" --start tiny:gpt2 --iteration 0 \
       --json "$OUT/compare_tiny.json" || rc=1
+    resume_runs "$runs" "$z" || rc=1
     for tr in "${big[@]}"; do
       echo "== tiny:gpt2-124m trainer=$tr"
       # a ZeRO checkpoint of the 124M model is ~1.7 GB: one at the end of each fine-tuning, not one per step
-      timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$tr" model.name=tiny:gpt2-124m iteration=0 \
-        num_iterations=2 task.finetune.ckpt_every_n_steps=1000 run_dir="$runs/124m_$tr" || rc=1
+      train trainer="$tr" model.name=tiny:gpt2-124m task.finetune.ckpt_every_n_steps=1000 run_dir="$runs/124m_$tr" || rc=1
     done
     echo "== saved models reloaded, iteration 0 (reference: trainer=${big[0]})"
     "$PY" scripts/compare_saved_models.py "${big[@]/#/$runs/124m_}" --start tiny:gpt2-124m --iteration 0 \
       --json "$OUT/compare_124m.json" || rc=1
-    resume_runs "$runs" "$z" "$lim" || rc=1
   } > "$log" 2>&1
   grep -E "^==|^   |iteration . done|params|does not load|skipped|resum|Error|^[0-9]+ s \(exit" "$log"
   return $rc
 }
 
-resume_runs() {  # <runs folder> <trainer> <time limit per run>: the resume check and the noise floor it is read against
-  local runs=$1 z=$2 lim=$3 rc=0
+resume_runs() {  # <runs folder> <trainer>: the resume check and the noise floor it is read against
+  local runs=$1 z=$2 rc=0 it f r h
   # the same uninterrupted run a second time: what two runs of one config differ by on this machine (GPU kernels
   # need not be bit-identical from process to process), the floor against which the resumed run below is read
-  [ -d "$runs/tiny_$z" ] || { echo "== tiny:gpt2 trainer=$z"; timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke \
-    trainer="$z" iteration=0 num_iterations=2 run_dir="$runs/tiny_$z" || rc=1; }
+  if [ ! -f "$runs/tiny_$z/iter_1/model/model.safetensors" ]; then
+    echo "== tiny:gpt2 trainer=$z"; rm -rf "$runs/tiny_$z"; train trainer="$z" run_dir="$runs/tiny_$z" || rc=1
+  fi
   echo "== tiny:gpt2 trainer=$z again, uninterrupted"
-  timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
-    run_dir="$runs/again_$z" || rc=1
+  train trainer="$z" run_dir="$runs/again_$z" || rc=1
   # a ZeRO fine-tuning killed after its 2nd step (before that step's checkpoint) and run again resumes from its
   # last checkpoint: compared with the run that was never killed
   echo "== tiny:gpt2 trainer=$z, the LM fine-tuning killed after its 2nd step (I2D2_FAULT_AT=train_step/finetune:2), then run again"
-  I2D2_FAULT_AT=train_step/finetune:2 timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" \
-    iteration=0 num_iterations=2 run_dir="$runs/resumed_$z"
-  timed timeout "$lim" "$PY" -m i2d2.train experiment=smoke trainer="$z" iteration=0 num_iterations=2 \
-    run_dir="$runs/resumed_$z" > "$runs/resumed.log" 2>&1 || rc=1
-  cat "$runs/resumed.log"
+  I2D2_FAULT_AT=train_step/finetune:2 train trainer="$z" run_dir="$runs/resumed_$z"
+  train trainer="$z" run_dir="$runs/resumed_$z" 2>&1 | tee "$runs/resumed.log"
+  (( PIPESTATUS[0] == 0 )) || rc=1
   grep -q "resuming from" "$runs/resumed.log" && echo "resumed: yes" || { echo "resumed: NO (no 'resuming from')"; rc=1; }
   echo "== a second uninterrupted run and the killed-and-resumed run against the first, every iteration (the"
   echo "   second run is the noise floor: read the resumed run's differences against it)"
@@ -116,13 +123,13 @@ resume_runs() {  # <runs folder> <trainer> <time limit per run>: the resume chec
     --json "$OUT/compare_resume.json" || rc=1
   # where the runs part: the first stage output whose contents differ (the H100 lease of 2026-11-26 found the
   # resumed run's iteration 1 fine-tune off the uninterrupted runs' losses, 3.031 against 3.042, and no stage data)
-  echo "== stage outputs, sha256 (first 12) per run: first uninterrupted / second uninterrupted / resumed"
-  local it f
+  echo "== stage outputs, sha256 (first 12; '-': none) per run: first uninterrupted / second uninterrupted / resumed"
   for it in iter_0 iter_1; do
     for f in generations/generations.jsonl critic_scores/scores-rank0.npz filtered/kept.jsonl model/model.safetensors; do
       printf '   %s/%-32s' "$it" "$f"
       for r in tiny again resumed; do
-        printf ' %s' "$(sha256sum "$runs/${r}_$z/$it/$f" 2>/dev/null | cut -c1-12 || true)"
+        h=$(sha256sum "$runs/${r}_$z/$it/$f" 2>/dev/null | cut -c1-12)
+        printf ' %-12s' "${h:--}"
       done
       echo
     done
@@ -134,12 +141,16 @@ case "$part" in
   bench) bench ;;
   deepspeed) deepspeed_runs ;;
   resume)  # the resume check alone (its first trainer's runs), e.g. to repeat it
-    r=/tmp/gpu_checks_runs; rm -rf "$r"; mkdir -p "$r"
+    rm -rf "$RUNS"; mkdir -p "$RUNS"
     [ "$DEV" = cpu ] && z=cpu || z=deepspeed_stage2
-    resume_runs "$r" "$z" "${RUN_LIMIT_S:-150}" > "$OUT/resume.log" 2>&1; rc=$?
-    grep -E "^==|^   |params|resum|Error|destroy_process_group|^[0-9]+ s \(exit" "$OUT/resume.log"; exit $rc ;;
-  # DeepSpeed first (it has never run on a GPU here), each part under its own share of the call's limit; timeout
-  # stops a part's whole process group
-  all) timeout "${DS_BUDGET_S:-400}" bash "$0" deepspeed; timeout "${BENCH_BUDGET_S:-190}" bash "$0" bench ;;
+    resume_runs "$RUNS" "$z" > "$OUT/resume.log" 2>&1; rc=$?
+    grep -E "^==|^   |params|resum|Error|skipped|destroy_process_group|^[0-9]+ s \(exit" "$OUT/resume.log"; exit $rc ;;
+  # DeepSpeed first (it has never run on a GPU here), until its share of the call's limit is spent (each run stops
+  # at that deadline); then the benchmark, whose process group timeout stops at its share
+  all)
+    GPU_CHECKS_UNTIL=$(( $(date +%s) + ${DS_BUDGET_S:-380} )) bash "$SCRIPT" deepspeed; ds=$?
+    timeout -k 10 "${BENCH_BUDGET_S:-180}" bash "$SCRIPT" bench; bench=$?
+    echo "gpu_checks: deepspeed exit $ds, bench exit $bench"
+    exit $(( ds ? ds : bench )) ;;
   *) echo "usage: gpu_checks.sh bench|deepspeed|resume|all" >&2; exit 2 ;;
 esac
