@@ -101,6 +101,16 @@ def world_size_of(trainer_cfg: Mapping) -> int:
     return max(1, n) * int(trainer_cfg.get("num_nodes", 1) or 1)
 
 
+def check_one_process(trainer_cfg: Mapping, task: str) -> None:
+    """For the recipes that run in one process: a trainer config asking for several fails at start-up, naming the
+    key, instead of racing ranks over the run folder (or Lightning refusing the resumable loaders) mid-run."""
+    n = world_size_of(plain(trainer_cfg))
+    if n > 1:
+        raise ValueError(f"trainer.devices: task={task} runs in one process, and this trainer config asks for {n} "
+                         f"(devices={plain(trainer_cfg).get('devices')!r}, num_nodes={plain(trainer_cfg).get('num_nodes', 1)!r}); "
+                         "set trainer.devices=1 (the I2D2 loop, task=i2d2, is the one that runs on several)")
+
+
 def resolve_device(trainer_cfg: Mapping | None) -> str:
     """The torch device inference (generation, scoring, probes) runs on, as ``trainer.accelerator`` says:
     ``cpu`` stays on the CPU even where CUDA is present; ``gpu``/``cuda``/``auto`` take CUDA when there is one

@@ -346,6 +346,13 @@ def make_splits(cfg: DictConfig, quints: list[Quintuple], corpus: Path) -> tuple
     return splits, info
 
 
+def check_config(cfg) -> None:
+    """Start-up checks (``python -m i2d2.train`` calls this before any work)."""
+    from i2d2.lightning_setup import check_one_process
+
+    check_one_process(cfg.trainer, "cmp")
+
+
 def run(cfg: DictConfig) -> dict:
     t = cfg.task
     bad = [x for x in t.tasks if x not in TASKS]

@@ -454,6 +454,13 @@ def _discriminator_lines(c: dict) -> list[str]:
     return lines
 
 
+def check_config(cfg) -> None:
+    """Start-up checks (``python -m i2d2.train`` calls this before any work)."""
+    from i2d2.lightning_setup import check_one_process
+
+    check_one_process(cfg.trainer, "comparatives")
+
+
 def run(cfg) -> dict:
     from i2d2.tracking import tracked_run
 

@@ -151,6 +151,13 @@ def samples_markdown(kept: list[dict], sentences: list[str], per_sentence: int =
     return "\n".join(lines) + "\n"
 
 
+def check_config(cfg) -> None:
+    """Start-up checks (``python -m i2d2.train`` calls this before any work)."""
+    from i2d2.lightning_setup import check_one_process
+
+    check_one_process(cfg.trainer, "negverse")
+
+
 def run(cfg: DictConfig) -> dict:
     with tracked_run(cfg, Path(cfg.run_dir) / "eval") as tracker:
         return _run(cfg, tracker)
