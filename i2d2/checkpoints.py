@@ -61,13 +61,18 @@ def problem(path: str | os.PathLike) -> str | None:
         try:
             want = json.loads(rec.read_text())
             size, sha = int(want["size"]), str(want["sha256"])
+        except FileNotFoundError:  # moved aside by another rank, with its checkpoint
+            return "missing"
         except (ValueError, KeyError, TypeError):
             return f"its integrity record {rec.name} is damaged"
-        have = path.stat().st_size
-        if have != size:
-            return f"size {have} bytes, {size} recorded at save time (truncated or overwritten)"
-        if file_digest(path) != sha:
-            return "content does not match the SHA-256 recorded at save time"
+        try:
+            have = path.stat().st_size
+            if have != size:
+                return f"size {have} bytes, {size} recorded at save time (truncated or overwritten)"
+            if file_digest(path) != sha:
+                return "content does not match the SHA-256 recorded at save time"
+        except FileNotFoundError:  # moved aside by another rank while this one read it
+            return "missing"
         return None
     try:
         with zipfile.ZipFile(path) as z:
@@ -85,10 +90,16 @@ def verify(path: str | os.PathLike) -> None:
 
 
 def _quarantine(path: Path, why: str) -> None:
+    # every rank of a DDP fit picks its resume point: another rank may have moved the file (or its record) already
+    try:
+        os.replace(path, f"{path}{DAMAGED}")
+    except FileNotFoundError:
+        return
     log.warning("checkpoint %s is damaged (%s): moved aside to %s%s", path, why, path.name, DAMAGED)
-    os.replace(path, f"{path}{DAMAGED}")
-    if record_path(path).exists():
+    try:
         os.replace(record_path(path), f"{path}{DAMAGED}{RECORD}")
+    except FileNotFoundError:
+        pass
 
 
 def pick_resume(path: str | os.PathLike) -> str | None:

@@ -96,8 +96,8 @@ def world_size_of(trainer_cfg: Mapping) -> int:
         n = int(devices)
     elif str(devices) in ("auto", "-1"):
         n = max(1, torch.cuda.device_count()) if str(trainer_cfg.get("accelerator")) in ("gpu", "cuda", "auto") else 1
-    else:
-        n = len(str(devices).split(","))
+    else:  # "0,1" or "1," (Lightning: the GPU with index 1, alone)
+        n = len([d for d in str(devices).split(",") if d.strip()])
     return max(1, n) * int(trainer_cfg.get("num_nodes", 1) or 1)
 
 

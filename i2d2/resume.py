@@ -148,8 +148,29 @@ class ResumeState(L.Callback):
         fault_point(self.fault_name)
 
     def state_dict(self) -> dict:
-        return {"rng": rng_state()}
+        # Lightning writes rank 0's checkpoint and every rank reads it; under DDP the ranks' random streams differ
+        # (each draws dropout masks of its own batches' shapes), so each rank's state travels. Every rank builds
+        # the checkpoint's state at the same save, so the gather is safe.
+        state = {"rng": rng_state()}
+        if _world() > 1:
+            import torch.distributed as dist
+
+            states = [None] * dist.get_world_size()
+            dist.all_gather_object(states, state["rng"])
+            state["rng_per_rank"] = states
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("rng"):
+        per_rank = state.get("rng_per_rank")
+        if per_rank and len(per_rank) == _world():
+            import torch.distributed as dist
+
+            set_rng_state(per_rank[dist.get_rank()])
+        elif state.get("rng"):
             set_rng_state(state["rng"])
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

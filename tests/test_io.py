@@ -243,6 +243,32 @@ def test_no_intact_checkpoint_restarts_the_training(tmp_path, caplog):
     assert "restarts from the beginning" in caplog.text and "SHA-256" in caplog.text
 
 
+
+def test_every_rank_picks_the_same_resume_point_when_another_moved_the_damaged_file(tmp_path, monkeypatch):
+    # every rank of a DDP fit calls pick_resume at once: the one that finds last.ckpt damaged second must not fail
+    # on the rename the first one did (it raised FileNotFoundError, and the other rank then waited for it forever)
+    from i2d2 import checkpoints
+
+    _fit(tmp_path, 2)
+    last = tmp_path / "ckpt" / "last.ckpt"
+    data = bytearray(last.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    last.write_bytes(bytes(data))
+    real_problem = checkpoints.problem
+
+    def problem_while_another_rank_quarantines(path):
+        why = real_problem(path)
+        if why is not None and Path(path) == last:
+            checkpoints._quarantine(last, why)  # the other rank, between this rank's check and its rename
+        return why
+
+    monkeypatch.setattr(checkpoints, "problem", problem_while_another_rank_quarantines)
+    assert checkpoints.pick_resume(last) == str(checkpoints.previous_path(last))
+    assert (last.parent / "last.ckpt.damaged").exists() and not last.exists()
+    monkeypatch.setattr(checkpoints, "problem", real_problem)
+    assert checkpoints.pick_resume(last) == str(checkpoints.previous_path(last))  # a rank that came later
+    assert checkpoints.problem(last) == "missing"
+
 def test_failed_checkpoint_save_surfaces_and_leaves_no_temp_file(tmp_path, monkeypatch):
     import errno
     import os as os_

@@ -263,7 +263,6 @@ def test_ddp_two_processes_split_generation(baseline, tmp_path, monkeypatch):
     assert (run_dir / "iter_0" / "model" / "config.json").exists() and r["finetune_steps"] >= 1
 
 
-
 def test_ddp_relaunched_ranks_train_the_critic_on_their_shards(tmp_path):
     # trainer=ddp relaunches the command per rank and the critic fits under DDP: Lightning refused its resumable
     # loader ("can't inject a (distributed) sampler into your batch sampler") until the loader sharded itself
@@ -276,16 +275,19 @@ def test_ddp_relaunched_ranks_train_the_critic_on_their_shards(tmp_path):
     from omegaconf import OmegaConf
 
     root = Path(__file__).resolve().parents[1]
+    # a ddp_fork test earlier in this process leaves MASTER_PORT etc. behind: the launch picks its own
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     r = subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", "trainer=ddp", "trainer.accelerator=cpu",
                         "trainer.devices=2", f"run_dir={tmp_path}"], cwd=root, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
-                                         "HF_HUB_OFFLINE": "1"})
+                       timeout=600, env={**env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     done = json.loads((tmp_path / "iter_0" / "critic" / "_DONE.json").read_text())["summary"]
     batch = OmegaConf.load(tmp_path / "iter_0" / "config.yaml").critic.batch_size
     steps = [int(m) for m in re.findall(r"critic: epoch 0 done at step (\d+)", r.stdout + r.stderr)]
     assert steps and set(steps) == {math.ceil(math.ceil(done["n_train"] / 2) / batch)}  # each rank: its half
     assert (tmp_path / "iter_0" / "model" / "model.safetensors").exists()
+
 
 def test_generate_command_prints_scored_generics(baseline, capsys):
     from i2d2.generate import GenerateError, generate
