@@ -22,7 +22,6 @@ A finished ``model/`` is reused (training skipped); the caller wraps the whole c
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from critics.metrics import average_precision, choose_delta, precision_at_recall
 from i2d2.io import atomic_dir, write_json, write_jsonl
 from i2d2.schemas import CriticConfig, fill
 from i2d2.lightning_setup import (build_trainer, checkpoint_weights, full_weights, optimizer_steps, plain,
-                                  resolve_device, resume_checkpoint, world_size_of)
+                                  resolve_device, resume_checkpoint)
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +88,11 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
 
     from callbacks.pr_curve import PRCurveCallback
     from critics.critic import CriticModule
-    from i2d2.resume import EpochProgress, ResumeState, resumable_loader
+    from i2d2.resume import EpochProgress, ResumeState, batches_per_rank, resumable_loader
 
     L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
-    world = world_size_of(plain(trainer_cfg))  # the train loader shards itself by rank (below)
-    module = CriticModule(name=cfg["name"], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
-                          warmup_ratio=float(cfg["warmup_ratio"]), target_recall=float(cfg["target_recall"]),
-                          dropout=cfg["dropout"], lora=cfg["lora"],
-                          total_steps=optimizer_steps(math.ceil(math.ceil(len(train_idx) / world) / int(cfg["batch_size"])),
-                                                      int(cfg["max_epochs"]), plain(trainer_cfg)))
-    tok = module.tokenizer
-    tok.padding_side = "right"
-    collate = Collator(tok, int(cfg["max_length"]))
-    # exact resume (i2d2/resume.py): batch order fixed by (seed, epoch), position and RNG state in last.ckpt;
-    # the validation loader gets its own generator so that iterating it never draws from the global RNG
+    # exact resume (i2d2/resume.py): batch order fixed by (seed, epoch), position and RNG state in last.ckpt
     progress = EpochProgress()
-    val = DataLoader(StatementDataset([texts[i] for i in val_idx], [ys[i] for i in val_idx]),
-                     batch_size=int(cfg["eval_batch_size"]), shuffle=False, collate_fn=collate,
-                     generator=torch.Generator().manual_seed(int(cfg["seed"])))
     ckpt_dir = out_dir / "checkpoints"
     # best weights by the monitored metric, and the full state every ckpt_every_n_steps steps to resume a killed run
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor=cfg["monitor"], mode="max", save_top_k=1,
@@ -126,6 +112,20 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     trainer = build_trainer(trainer_cfg, micro_batch=int(cfg["batch_size"]), where="critic trainer",
                             max_epochs=int(cfg["max_epochs"]), callbacks=callbacks, logger=logger,
                             default_root_dir=str(out_dir), enable_checkpointing=True, use_distributed_sampler=False)
+    # the trainer's world is the one count of ranks: the schedule's steps and the loader's shard both read it
+    module = CriticModule(name=cfg["name"], lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]),
+                          warmup_ratio=float(cfg["warmup_ratio"]), target_recall=float(cfg["target_recall"]),
+                          dropout=cfg["dropout"], lora=cfg["lora"],
+                          total_steps=optimizer_steps(batches_per_rank(len(train_idx), int(cfg["batch_size"]),
+                                                                       trainer.world_size),
+                                                      int(cfg["max_epochs"]), plain(trainer_cfg)))
+    tok = module.tokenizer
+    tok.padding_side = "right"
+    collate = Collator(tok, int(cfg["max_length"]))
+    # the validation loader gets its own generator so that iterating it never draws from the global RNG
+    val = DataLoader(StatementDataset([texts[i] for i in val_idx], [ys[i] for i in val_idx]),
+                     batch_size=int(cfg["eval_batch_size"]), shuffle=False, collate_fn=collate,
+                     generator=torch.Generator().manual_seed(int(cfg["seed"])))
     train = resumable_loader(StatementDataset([texts[i] for i in train_idx], [ys[i] for i in train_idx]),
                              int(cfg["batch_size"]), progress=progress, seed=int(cfg["seed"]), collate_fn=collate,
                              rank=trainer.global_rank, world_size=trainer.world_size)

@@ -37,6 +37,12 @@ class EpochProgress:
         self.epoch, self.batches = 0, 0
 
 
+def batches_per_rank(n: int, batch_size: int, world_size: int = 1) -> int:
+    """Batches each rank takes from ``n`` examples in an epoch (``ResumableBatchSampler``): what a schedule's
+    total steps are counted from before the loader exists."""
+    return math.ceil(math.ceil(n / max(1, int(world_size))) / int(batch_size))
+
+
 class ResumableBatchSampler(Sampler[list[int]]):
     """Batches of indices in an order fixed by (seed, epoch), sharded by rank, that can skip consumed batches.
 
@@ -70,7 +76,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         return order[self.rank::self.world_size]
 
     def __len__(self) -> int:
-        return math.ceil(math.ceil(self.n / self.world_size) / self.batch_size)
+        return batches_per_rank(self.n, self.batch_size, self.world_size)
 
     def __iter__(self) -> Iterator[list[int]]:
         idx = self._indices()

@@ -36,10 +36,16 @@ def check_start(cfg: DictConfig) -> None:
 
 def check_recipe(cfg: DictConfig) -> None:
     """The recipe's own ``check_config(cfg)``, when its module has one (values such as ``task.filter.delta=2``
-    or ``iteration=-1``), at start-up rather than when the recipe gets to it."""
+    or ``iteration=-1``), at start-up rather than when the recipe gets to it; a recipe whose module sets
+    ``ONE_PROCESS = True`` refuses a trainer config that asks for several processes."""
     import importlib
 
-    recipe_module = importlib.import_module(str(cfg.task.recipe).rpartition(".")[0])
+    from i2d2.lightning_setup import check_one_process
+
+    module_name = str(cfg.task.recipe).rpartition(".")[0]
+    recipe_module = importlib.import_module(module_name)
+    if getattr(recipe_module, "ONE_PROCESS", False):
+        check_one_process(cfg.trainer, module_name.rpartition(".")[2])
     if callable(getattr(recipe_module, "check_config", None)):
         recipe_module.check_config(cfg)
 

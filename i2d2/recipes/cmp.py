@@ -35,6 +35,8 @@ from i2d2.models import load_seq2seq
 from i2d2.tracking import Tracker, publish_report, tracked_run
 
 log = logging.getLogger(__name__)
+# runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
+ONE_PROCESS = True
 PROMPT_RESERVE = 64  # source tokens kept for the prompt and question; the rest is split over D1 and D2
 
 
@@ -344,13 +346,6 @@ def make_splits(cfg: DictConfig, quints: list[Quintuple], corpus: Path) -> tuple
     if by == "field" and any(any(v.values()) for v in n_leaks.values()):
         log.warning("%s: the rows' own splits share entities/documents/facts with training: %s", corpus, n_leaks)
     return splits, info
-
-
-def check_config(cfg) -> None:
-    """Start-up checks (``python -m i2d2.train`` calls this before any work)."""
-    from i2d2.lightning_setup import check_one_process
-
-    check_one_process(cfg.trainer, "cmp")
 
 
 def run(cfg: DictConfig) -> dict:

@@ -37,6 +37,8 @@ from i2d2.io import DataError, fingerprint, in_run, model_fingerprint, read_json
     write_jsonl, write_text
 
 log = logging.getLogger(__name__)
+# runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
+ONE_PROCESS = True
 
 SEED_ANNOTATIONS = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "annotations_gemma.jsonl"
 FILTER_STAGES = ("dedup", "groups", "contradiction")
@@ -452,13 +454,6 @@ def _discriminator_lines(c: dict) -> list[str]:
               + ("" if not v.get("ci95") else "; {:.2f}–{:.2f}".format(*v["ci95"])) + ") |"
               for name, v in (c.get("cuts_test") or {}).items()]
     return lines
-
-
-def check_config(cfg) -> None:
-    """Start-up checks (``python -m i2d2.train`` calls this before any work)."""
-    from i2d2.lightning_setup import check_one_process
-
-    check_one_process(cfg.trainer, "comparatives")
 
 
 def run(cfg) -> dict:

@@ -23,6 +23,8 @@ from i2d2.io import fingerprint, model_fingerprint, read_jsonl, run_relative, ru
 from i2d2.tracking import Tracker, publish_report, tracked_run
 
 log = logging.getLogger(__name__)
+# runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
+ONE_PROCESS = True
 
 
 def data_stage(cfg, nlp, out_dir: Path) -> dict:
@@ -149,13 +151,6 @@ def samples_markdown(kept: list[dict], sentences: list[str], per_sentence: int =
         for r in ordered[:per_sentence]:
             lines.append(f"| {s} | {r['negation']} | {r['negation_type']} |")
     return "\n".join(lines) + "\n"
-
-
-def check_config(cfg) -> None:
-    """Start-up checks (``python -m i2d2.train`` calls this before any work)."""
-    from i2d2.lightning_setup import check_one_process
-
-    check_one_process(cfg.trainer, "negverse")
 
 
 def run(cfg: DictConfig) -> dict:
