@@ -89,19 +89,44 @@ class Kill(Callback):
             raise RuntimeError("simulated kill")
 
 
+class EpochLosses(Callback):
+    """The logged epoch-mean losses, as loggers get them (read at the next epoch's start and at the end)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def _read(self, trainer):
+        v = trainer.callback_metrics.get("finetune/loss_epoch")
+        if v is not None:
+            self.seen.append(float(v))
+
+    def on_train_epoch_start(self, trainer, *args):
+        self._read(trainer)
+
+    def on_train_end(self, trainer, *args):
+        self._read(trainer)
+
+
 def test_killed_finetune_resumes_to_same_weights(tmp_path):
     model, tok = tiny_model("gpt2")
     assert not model.training  # as loaded: the module must switch dropout on, also when resuming mid-epoch
-    finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "a", tmp_path / "a_model", CFG, CPU, seed=1)
+    seen_a, seen_b = EpochLosses(), EpochLosses()
+    a = finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "a", tmp_path / "a_model", CFG, CPU, seed=1,
+                 callbacks=[seen_a])
     with pytest.raises(RuntimeError, match="simulated kill"):
         finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, CPU, seed=1,
                  callbacks=[Kill(7)])
     assert (tmp_path / "b" / "checkpoints" / "last.ckpt").exists() and not (tmp_path / "b_model").exists()
-    summary = finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, CPU, seed=1)
+    summary = finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, CPU, seed=1,
+                       callbacks=[seen_b])
     assert summary["resumed_from"] and summary["steps"] == 10
     wa, wb = _weights(tmp_path / "a_model"), _weights(tmp_path / "b_model")
     for k in wa:
         assert torch.allclose(wa[k], wb[k], atol=1e-6), k
+    # the killed epoch's logged mean covers all of its batches, as the uninterrupted run's does (Lightning's own
+    # on_epoch mean restarts at the resume: it covered steps 8-10 only)
+    assert len(seen_a.seen) == 2 and seen_b.seen[-1] == pytest.approx(seen_a.seen[-1], abs=1e-5)
+    assert summary["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5) == pytest.approx(seen_a.seen[-1])
 
 
 def test_deepspeed_on_cpu_fails_clearly(tmp_path):

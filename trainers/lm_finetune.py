@@ -31,7 +31,8 @@ from i2d2.models import apply_lora
 from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
                                   resume_checkpoint, world_size_of, optimizer_steps)
 from i2d2.schemas import FinetuneConfig, fill
-from i2d2.resume import EpochProgress, ResumableBatchSampler, ResumeState, resumable_loader  # noqa: F401 (re-exported)
+from i2d2.resume import (EpochProgress, ResumableBatchSampler, ResumeState, batches_per_rank,  # noqa: F401 (re-exported)
+                         resumable_loader)
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,12 @@ class SelfImitationModule(L.LightningModule):
         self.model.train()
         self.epoch_loss_sum, self.epoch_loss_n = torch.zeros((), device=self.device), 0
 
+    def on_train_epoch_end(self):
+        # the epoch's mean from the module's own sums, which the checkpoint carries: after a mid-epoch resume,
+        # Lightning's on_epoch mean would cover only the batches run since
+        if self.epoch_loss_n:
+            self.log("finetune/loss_epoch", self.epoch_loss(), batch_size=1, sync_dist=False)
+
     def training_step(self, batch, batch_idx):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         # optimizer steps so far, as a metric: forked DDP ranks hand metrics (not the step count) back to the main process
@@ -177,7 +184,7 @@ class SelfImitationModule(L.LightningModule):
         self.epoch_loss_sum = self.epoch_loss_sum.to(out.loss.device) + out.loss.detach().float() * bs
         self.epoch_loss_n += bs
         n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
-        self.log("finetune/loss", out.loss, prog_bar=True, on_step=True, on_epoch=True,
+        self.log("finetune/loss", out.loss, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=batch["input_ids"].shape[0], sync_dist=False)
         self.log("finetune/tokens", n_tok.float(), on_step=True, reduce_fx="sum", batch_size=1)
         return out.loss
@@ -242,7 +249,7 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     cfg = fill(FinetuneConfig, cfg, where="task.finetune")
     dm = SelfImitationDataModule(rows, tokenizer, batch_size=cfg["batch_size"], max_length=cfg["max_length"],
                                  seed=seed)
-    batches = math.ceil(math.ceil(len(dm.examples) / world_size_of(tc)) / dm.batch_size)  # per epoch, one rank
+    batches = batches_per_rank(len(dm.examples), dm.batch_size, world_size_of(tc))  # per epoch, one rank
     total = optimizer_steps(batches, cfg["epochs"], tc, accumulate=cfg["accumulate_grad_batches"],
                             max_steps=cfg["max_steps"])
     module = SelfImitationModule(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
