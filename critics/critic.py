@@ -15,6 +15,7 @@ import torch
 from torchmetrics.classification import BinaryAveragePrecision, BinaryPrecisionAtFixedRecall
 
 from i2d2.models import apply_lora, load_classifier
+from i2d2.resume import EpochMeanLoss
 
 VALID = 1
 ID2LABEL = {0: "invalid", 1: "valid"}
@@ -45,6 +46,7 @@ class CriticModule(L.LightningModule):
         self._val_scores: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
         self.val_result: tuple[np.ndarray, np.ndarray] | None = None  # (labels, scores) of the last val epoch
+        self.train_loss = EpochMeanLoss()
 
     def setup(self, stage):
         # from_pretrained returns eval mode and Lightning keeps submodule modes: train with dropout on, set before
@@ -58,9 +60,17 @@ class CriticModule(L.LightningModule):
             kwargs["token_type_ids"] = token_type_ids
         return self.model(**kwargs, labels=labels)
 
+    def on_train_epoch_start(self):
+        self.train_loss.reset(self.device)
+
+    def on_train_epoch_end(self):
+        if self.train_loss.n:  # the whole epoch's mean, also after a mid-epoch resume (EpochMeanLoss)
+            self.log("train/loss_epoch", self.train_loss.value(), batch_size=1)
+
     def training_step(self, batch, batch_idx):
         out = self(**batch)
-        self.log("train/loss", out.loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(batch["labels"]))
+        self.train_loss.add(out.loss, len(batch["labels"]))
+        self.log("train/loss", out.loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(batch["labels"]))
         return out.loss
 
     def validation_step(self, batch, batch_idx):
@@ -92,7 +102,12 @@ class CriticModule(L.LightningModule):
     def _trained(self) -> set[str]:
         return {n for n, p in self.named_parameters() if p.requires_grad}
 
+    def on_load_checkpoint(self, checkpoint):
+        if "epoch_loss" in checkpoint:
+            self.train_loss.load_state_dict(checkpoint["epoch_loss"])
+
     def on_save_checkpoint(self, checkpoint):
+        checkpoint["epoch_loss"] = self.train_loss.state_dict()
         if self.lora_enabled:  # a 7B body would otherwise be written whole every ckpt_every_n_steps
             trained = self._trained()
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trained}

@@ -358,9 +358,10 @@ class ProgressLog(L.Callback):
     def __init__(self, name: str = "fit", every_n_steps: int | None = None):
         self.name, self.every_n_steps = name, every_n_steps
         self._t0, self._last = 0.0, -1
+        self._ended: tuple[int, int, float] | None = None  # (epoch, step, seconds) of an epoch not yet written
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._t0 = time.time()
+        self._t0, self._ended = time.time(), None
 
     def _metrics(self, trainer) -> str:
         return " ".join(f"{k}={float(v):.4g}" for k, v in sorted(trainer.callback_metrics.items())
@@ -379,6 +380,18 @@ class ProgressLog(L.Callback):
                  total if total != float("inf") else "?", loss, self._metrics(trainer), time.time() - self._t0)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.is_global_zero:
-            log.info("%s: epoch %d done at step %d %s (%.0fs)", self.name, trainer.current_epoch, trainer.global_step,
-                     self._metrics(trainer), time.time() - self._t0)
+        # written once the epoch's metrics are all in: callbacks' epoch-end hooks run before the module's, which
+        # logs the epoch's mean loss (i2d2.resume.EpochMeanLoss)
+        self._ended = (trainer.current_epoch, trainer.global_step, time.time() - self._t0)
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._write_ended(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._write_ended(trainer)
+
+    def _write_ended(self, trainer) -> None:
+        if self._ended is not None and trainer.is_global_zero:
+            log.info("%s: epoch %d done at step %d %s (%.0fs)", self.name, *self._ended[:2], self._metrics(trainer),
+                     self._ended[2])
+        self._ended = None

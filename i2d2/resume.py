@@ -37,6 +37,31 @@ class EpochProgress:
         self.epoch, self.batches = 0, 0
 
 
+class EpochMeanLoss:
+    """An epoch's mean training loss, weighted by batch size, that a checkpoint carries (``state_dict``): after a
+    mid-epoch resume Lightning's own ``on_epoch`` mean restarts and would cover only the batches run since. The sum
+    stays a tensor on the loss's device: adding to it never waits for the device."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self, device=None) -> None:
+        self.sum, self.n = torch.zeros((), device=device), 0
+
+    def add(self, loss: torch.Tensor, n: int) -> None:
+        self.sum = self.sum.to(loss.device) + loss.detach().float() * n
+        self.n += int(n)
+
+    def value(self) -> float:
+        return float(self.sum) / self.n if self.n else float("nan")
+
+    def state_dict(self) -> dict:
+        return {"sum": self.sum.detach().cpu(), "n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sum, self.n = state["sum"], int(state["n"])
+
+
 def batches_per_rank(n: int, batch_size: int, world_size: int = 1) -> int:
     """Batches each rank takes from ``n`` examples in an epoch (``ResumableBatchSampler``): what a schedule's
     total steps are counted from before the loader exists."""

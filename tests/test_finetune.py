@@ -164,3 +164,15 @@ def test_log_interval_capped_at_an_epoch(tmp_path):
                  {**CFG, "epochs": 1, "accumulate_grad_batches": accumulate, "max_steps": max_steps}, tc,
                  callbacks=[seen])
         assert seen.every == every, (accumulate, max_steps, seen.every)
+
+
+def test_epoch_log_line_carries_the_epoch_mean_loss(tmp_path, caplog):
+    """The 'epoch N done' line is written after the module's epoch-end hook, which logs the epoch's mean loss."""
+    import logging
+
+    model, tok = tiny_model("gpt2")
+    with caplog.at_level(logging.INFO, logger="i2d2.lightning_setup"):
+        summary = finetune(model, tok, ROWS, tmp_path / "w", tmp_path / "m", CFG, CPU, seed=0)
+    done = [r.getMessage() for r in caplog.records if " done at step " in r.getMessage()]
+    assert [m.split(" done")[0] for m in done] == ["fit: epoch 0", "fit: epoch 1"]
+    assert f"finetune/loss_epoch={summary['train_loss']:.4g} " in done[-1]

@@ -31,8 +31,8 @@ from i2d2.models import apply_lora
 from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_trainer_cfg, full_weights, plain,
                                   resume_checkpoint, world_size_of, optimizer_steps)
 from i2d2.schemas import FinetuneConfig, fill
-from i2d2.resume import (EpochProgress, ResumableBatchSampler, ResumeState, batches_per_rank,  # noqa: F401 (re-exported)
-                         resumable_loader)
+from i2d2.resume import (EpochMeanLoss, EpochProgress, ResumableBatchSampler, ResumeState,  # noqa: F401 (re-exported)
+                         batches_per_rank, resumable_loader)
 
 log = logging.getLogger(__name__)
 
@@ -142,19 +142,19 @@ class SelfImitationModule(L.LightningModule):
         if self.lora_enabled:
             model = apply_lora(model, lora, "CAUSAL_LM", where="task.finetune.lora")
         self.model = model
-        # the last epoch's mean loss (weighted by batch size), kept in the checkpoint: a fit resumed after its last
-        # step runs no step, so Lightning's logged epoch mean would be missing from the summary
-        self.epoch_loss_sum, self.epoch_loss_n = torch.zeros(()), 0
+        # the last epoch's mean loss, kept in the checkpoint: a fit resumed after its last step runs no step, and
+        # the summary still reads it
+        self.train_loss = EpochMeanLoss()
 
     def epoch_loss(self) -> float:
-        return float(self.epoch_loss_sum) / self.epoch_loss_n if self.epoch_loss_n else float("nan")
+        return self.train_loss.value()
 
     def on_save_checkpoint(self, checkpoint):
-        checkpoint["epoch_loss"] = {"sum": self.epoch_loss_sum.detach().cpu(), "n": self.epoch_loss_n}
+        checkpoint["epoch_loss"] = self.train_loss.state_dict()
 
     def on_load_checkpoint(self, checkpoint):
         if "epoch_loss" in checkpoint:
-            self.epoch_loss_sum, self.epoch_loss_n = checkpoint["epoch_loss"]["sum"], int(checkpoint["epoch_loss"]["n"])
+            self.train_loss.load_state_dict(checkpoint["epoch_loss"])
 
     def forward(self, **batch):
         return self.model(**batch)
@@ -168,21 +168,18 @@ class SelfImitationModule(L.LightningModule):
 
     def on_train_epoch_start(self):
         self.model.train()
-        self.epoch_loss_sum, self.epoch_loss_n = torch.zeros((), device=self.device), 0
+        self.train_loss.reset(self.device)
 
     def on_train_epoch_end(self):
-        # the epoch's mean from the module's own sums, which the checkpoint carries: after a mid-epoch resume,
-        # Lightning's on_epoch mean would cover only the batches run since
-        if self.epoch_loss_n:
-            self.log("finetune/loss_epoch", self.epoch_loss(), batch_size=1, sync_dist=False)
+        if self.train_loss.n:  # the whole epoch's mean, also after a mid-epoch resume (EpochMeanLoss)
+            self.log("finetune/loss_epoch", self.train_loss.value(), batch_size=1, sync_dist=False)
 
     def training_step(self, batch, batch_idx):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         # optimizer steps so far, as a metric: forked DDP ranks hand metrics (not the step count) back to the main process
         self.log("finetune/step", float(self.global_step + 1), on_step=True, on_epoch=False, reduce_fx="max", batch_size=1)
         bs = batch["input_ids"].shape[0]
-        self.epoch_loss_sum = self.epoch_loss_sum.to(out.loss.device) + out.loss.detach().float() * bs
-        self.epoch_loss_n += bs
+        self.train_loss.add(out.loss, bs)
         n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
         self.log("finetune/loss", out.loss, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=batch["input_ids"].shape[0], sync_dist=False)
