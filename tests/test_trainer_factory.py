@@ -9,6 +9,7 @@ accelerator; Lightning refuses it, so a test-only subclass skips that check); th
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import lightning as L
@@ -260,11 +261,16 @@ def cpu_deepspeed(monkeypatch):
     monkeypatch.setattr(lightning_deepspeed, "_validate_device_index_selection", lambda devices: None)
     monkeypatch.setattr(F, "check_trainer_cfg", lambda *a, **k: None)
     monkeypatch.setattr(S, "check_trainer_cfg", lambda *a, **k: None)
+    env = dict(os.environ)
     yield
     if torch.distributed.is_initialized():  # later tests must not see a process group, nor DeepSpeed its groups
         import deepspeed.comm
 
         deepspeed.comm.destroy_process_group()
+    # nor the rank variables Lightning and DeepSpeed set (RANK, LOCAL_RANK, NODE_RANK, MASTER_*): with them a later
+    # ddp_fork run in this process failed to connect its ranks (gloo: connection refused)
+    os.environ.clear()
+    os.environ.update(env)
 
 
 def cpu_zero_trainer(tmp_path, stage: int) -> dict:
