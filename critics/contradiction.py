@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from i2d2.schemas import CrossEncoderConfig, fill
+from i2d2.resume import seed_fit
 
 log = logging.getLogger(__name__)
 
@@ -371,7 +372,6 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
     """Train (or find, or resume) the cross-encoder; returns its folder (save_pretrained + META).
 
     A finished folder is reused; a killed fit resumes from ``<dir>.work/checkpoints/last.ckpt``."""
-    import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from sklearn.model_selection import GroupShuffleSplit
@@ -395,7 +395,7 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
     groups = [r["concept"] or r["premise"] for r in rows]
     train_idx, val_idx = next(GroupShuffleSplit(1, test_size=float(cfg["val_fraction"]), random_state=int(
         cfg["seed"])).split(rows, groups=groups))
-    L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
+    seed_fit(int(cfg["seed"]))
     module = PairClassifierModule.build(cfg["name"], float(cfg["lr"]), float(cfg["weight_decay"]))
     tok = module.tokenizer
     tok.padding_side = "right"

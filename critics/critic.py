@@ -70,7 +70,8 @@ class CriticModule(L.LightningModule):
     def training_step(self, batch, batch_idx):
         out = self(**batch)
         self.train_loss.add(out.loss, len(batch["labels"]))
-        self.log("train/loss", out.loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(batch["labels"]))
+        # the step's loss under the key Lightning gave it when it also kept the epoch mean (loggers' history)
+        self.log("train/loss_step", out.loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=len(batch["labels"]))
         return out.loss
 
     def validation_step(self, batch, batch_idx):

@@ -80,7 +80,6 @@ def _model_complete(model_dir: Path) -> bool:
 
 
 def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Path, trainer_cfg, tracker):
-    import lightning as L
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
     import torch
@@ -88,9 +87,9 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
 
     from callbacks.pr_curve import PRCurveCallback
     from critics.critic import CriticModule
-    from i2d2.resume import EpochProgress, ResumeState, batches_per_rank, resumable_loader
+    from i2d2.resume import EpochProgress, ResumeState, batches_per_rank, resumable_loader, seed_fit
 
-    L.seed_everything(int(cfg["seed"]), workers=True, verbose=False)
+    seed_fit(int(cfg["seed"]))
     # exact resume (i2d2/resume.py): batch order fixed by (seed, epoch), position and RNG state in last.ckpt
     progress = EpochProgress()
     ckpt_dir = out_dir / "checkpoints"

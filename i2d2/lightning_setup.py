@@ -390,6 +390,9 @@ class ProgressLog(L.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self._write_ended(trainer)
 
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._write_ended(trainer)  # an epoch that finished before the failure still gets its line
+
     def _write_ended(self, trainer) -> None:
         if self._ended is not None and trainer.is_global_zero:
             log.info("%s: epoch %d done at step %d %s (%.0fs)", self.name, *self._ended[:2], self._metrics(trainer),

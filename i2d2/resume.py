@@ -37,6 +37,15 @@ class EpochProgress:
         self.epoch, self.batches = 0, 0
 
 
+def seed_fit(seed: int) -> None:
+    """Seed a fresh fit: torch (CPU and CUDA), numpy, random, and the process's PL_GLOBAL_SEED, from which
+    DDP-family strategies (DDP, DeepSpeed, FSDP) re-seed at setup (Lightning's ``reset_seed``). With
+    ``torch.manual_seed`` alone that re-seed took the seed of whichever fit seeded last in the process, so a run
+    resumed past an earlier fit trained on with other dropout. A resumed fit then takes the checkpoint's RNG state
+    (``ResumeState``)."""
+    L.seed_everything(int(seed), workers=True, verbose=False)
+
+
 class EpochMeanLoss:
     """An epoch's mean training loss, weighted by batch size, that a checkpoint carries (``state_dict``): after a
     mid-epoch resume Lightning's own ``on_epoch`` mean restarts and would cover only the batches run since. The sum

@@ -176,3 +176,47 @@ def test_epoch_log_line_carries_the_epoch_mean_loss(tmp_path, caplog):
     done = [r.getMessage() for r in caplog.records if " done at step " in r.getMessage()]
     assert [m.split(" done")[0] for m in done] == ["fit: epoch 0", "fit: epoch 1"]
     assert f"finetune/loss_epoch={summary['train_loss']:.4g} " in done[-1]
+
+
+def test_seed_holds_under_a_strategy_that_reseeds_at_setup(tmp_path, monkeypatch):
+    """DDP-family strategies (DDP, DeepSpeed, FSDP) re-seed at setup from the last ``seed_everything`` of the process
+    (Lightning's reset_seed, from PL_GLOBAL_SEED). The fine-tuning's own seed must be the one they restore: else its
+    dropout followed whichever fit seeded last, the critic's in an uninterrupted loop and the run's in one resumed
+    after the critic stage (a resumed ZeRO-2 run's next iteration differed on an H100)."""
+    import os
+
+    import lightning as L
+
+    env = dict(os.environ)
+    ddp = {**CPU, "strategy": "ddp", "devices": 1}
+    model, tok = tiny_model("gpt2")
+    assert model.config.resid_pdrop > 0  # dropout draws from the RNG: a different seed gives other weights
+    try:
+        L.seed_everything(7, verbose=False)  # the run's seed (i2d2.config.setup_run)
+        finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "a", tmp_path / "a_model", CFG, ddp, seed=1)
+        L.seed_everything(0, verbose=False)  # a critic fitted earlier in the process
+        finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, ddp, seed=1)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()  # Lightning leaves RANK, LOCAL_RANK, MASTER_* and PL_GLOBAL_SEED behind
+        os.environ.update(env)
+    wa, wb = _weights(tmp_path / "a_model"), _weights(tmp_path / "b_model")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_progress_log_writes_a_finished_epoch_when_the_fit_then_fails(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from i2d2.lightning_setup import ProgressLog
+
+    trainer = SimpleNamespace(current_epoch=0, global_step=5, is_global_zero=True,
+                              callback_metrics={"finetune/loss_epoch": torch.tensor(0.5)})
+    progress = ProgressLog("fit")
+    progress.on_train_start(trainer, None)
+    progress.on_train_epoch_end(trainer, None)  # e.g. the epoch-end checkpoint then fails to save
+    with caplog.at_level(logging.INFO, logger="i2d2.lightning_setup"):
+        progress.on_exception(trainer, None, OSError("disk full"))
+        progress.on_train_end(trainer, None)  # written once
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["fit: epoch 0 done at step 5 finetune/loss_epoch=0.5"]

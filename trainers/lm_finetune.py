@@ -32,7 +32,7 @@ from i2d2.lightning_setup import (adamw_param_groups, build_trainer, check_train
                                   resume_checkpoint, world_size_of, optimizer_steps)
 from i2d2.schemas import FinetuneConfig, fill
 from i2d2.resume import (EpochMeanLoss, EpochProgress, ResumableBatchSampler, ResumeState,  # noqa: F401 (re-exported)
-                         batches_per_rank, resumable_loader)
+                         batches_per_rank, resumable_loader, seed_fit)
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,8 @@ class SelfImitationModule(L.LightningModule):
         bs = batch["input_ids"].shape[0]
         self.train_loss.add(out.loss, bs)
         n_tok = (batch["labels"][:, 1:] != IGNORE).sum()
-        self.log("finetune/loss", out.loss, prog_bar=True, on_step=True, on_epoch=False,
+        # the step's loss under the key Lightning gave it when it also kept the epoch mean (loggers' history)
+        self.log("finetune/loss_step", out.loss, prog_bar=True, on_step=True, on_epoch=False,
                  batch_size=batch["input_ids"].shape[0], sync_dist=False)
         self.log("finetune/tokens", n_tok.float(), on_step=True, reduce_fx="sum", batch_size=1)
         return out.loss
@@ -252,7 +253,7 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     module = SelfImitationModule(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                                  warmup_ratio=cfg["warmup_ratio"], lora=cfg["lora"],
                                  gradient_checkpointing=cfg["gradient_checkpointing"], total_steps=total)
-    torch.manual_seed(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
+    seed_fit(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
     per_epoch = min(total, math.ceil(batches / max(1, int(cfg["accumulate_grad_batches"]))))
     trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress, steps_per_epoch=per_epoch)
     resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)

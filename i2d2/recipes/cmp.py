@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import hydra
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from i2d2.lightning_setup import plain as _container  # config node -> plain dicts/lists
@@ -32,6 +31,7 @@ from i2d2.io import atomic_dir, fingerprint, model_fingerprint, read_jsonl, run_
     write_text
 from i2d2.lightning_setup import build_trainer, checkpoint_weights, full_weights, resume_checkpoint
 from i2d2.models import load_seq2seq
+from i2d2.resume import seed_fit
 from i2d2.tracking import Tracker, publish_report, tracked_run
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
         write_json(initial_path, initial)
     # a fresh fit starts from the same RNG state whatever ran before it in this process (the initial validation
     # draws from it and is skipped by a rerun); a resumed fit takes the checkpoint's RNG state instead
-    torch.manual_seed(int(cfg.seed))
+    seed_fit(int(cfg.seed))
     t0 = time.time()
     trainer.fit(module, train_loader(module, train_ds, progress=progress), val_loader(module, val_ds),
                 ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))

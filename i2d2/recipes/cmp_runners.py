@@ -15,6 +15,7 @@ from collections import defaultdict
 import numpy as np
 
 from i2d2.cmp.data import Quintuple
+from i2d2.resume import seed_fit
 from i2d2.cmp.downstream import DownstreamExample, load_downstream
 from i2d2.cmp.evaluation import qa_scores, selection_metric, task_scores
 from i2d2.cmp.tasks import (SEP, Collator, Example, ExampleBuilder, eos_id, generate, make_truncator, source_text,
@@ -146,7 +147,6 @@ def run_downstream(model_loader, dataset: dict, k, trainer_cfg, protocol: dict,
                                 eval_batch_size, max_source_length, progress)
         rows = [{"id": x.id, "prediction": p, "references": list(x.references)} for x, p in zip(evals, preds)]
         return {**out, "metrics": metrics, "std": None, "n_seeds": 1, "lowercased": lowercase, "predictions": rows}
-    import torch
 
     ft = protocol["finetune"]
     dev, pool, dev_source = dev_and_pool(dataset, task, int(ft.get("dev_size", 100)))
@@ -157,7 +157,7 @@ def run_downstream(model_loader, dataset: dict, k, trainer_cfg, protocol: dict,
     runs, first_rows = [], {}
     for lr in grid:
         for seed in seeds:
-            torch.manual_seed(seed)  # the seed also fixes dropout (and any freshly initialised weights)
+            seed_fit(seed)  # the seed also fixes dropout (and any freshly initialised weights)
             model, tok, sep = model_loader()
             trunc = make_truncator(tok, max(16, (max_source_length - 48) // 2))
             lowercase = tokenizer_lowercases(tok)

@@ -21,6 +21,7 @@ from i2d2.lightning_setup import plain as _c  # config node -> plain dicts/lists
 from i2d2.io import fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, write_jsonl, \
     write_text
 from i2d2.tracking import Tracker, publish_report, tracked_run
+from i2d2.resume import seed_fit
 
 log = logging.getLogger(__name__)
 # runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
@@ -79,9 +80,8 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
         max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ResumeState(progress, "negverse"), ckpt],
         logger=logger if logger is not None else False, default_root_dir=str(out_dir),
         limit_val_batches=int(tr.val_batches), num_sanity_val_steps=0)
-    import torch
 
-    torch.manual_seed(int(cfg.seed))  # a fresh fit starts from one RNG state; a resumed one takes the checkpoint's
+    seed_fit(int(cfg.seed))  # a fresh fit starts from one RNG state; a resumed one takes the checkpoint's
     t0 = time.time()
     trainer.fit(module, train_dl, ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))
     fit_s = time.time() - t0
