@@ -164,14 +164,14 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
         log.info("generation rank %d/%d: %d of its %d shards to decode (%d finished earlier)",
                  rank, world, len(todo), len(mine), len(mine) - len(todo))
     # parse and check the constraints of every prompt this call decodes before spending time on any of them
-    sets = {}
+    sets, checked = {}, set()
     encode = functools.lru_cache(maxsize=None)(lambda t: tuple(tokenizer(t, add_special_tokens=False)["input_ids"]))
     for i in todo:
         for p in prompts[i * shard_size:(i + 1) * shard_size]:
             where = f"{prompts_path}: prompt {p['prompt_id']}"
             try:
                 cs = ConstraintSet.from_dict(p["constraints"])
-                validate(cs, encode, where=where)  # word lists repeat across prompts: tokenized once
+                validate(cs, encode, where=where, checked=checked)  # word lists repeat across prompts: checked once
             except ConstraintError as e:
                 raise DataError(f"bad constraints: {e}") from None
             except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -242,6 +242,27 @@ def test_phrase_tokenizing_to_nothing_names_clause():
         validate(cs, encode=lambda s: [] if "zzz" in s else [1])
 
 
+def test_word_lists_checked_once_per_caller():
+    """A word list found well formed is not checked again (NeuroComparatives repeats ~300 words in every set); a
+    list that differs is, and its error names the set."""
+    calls = []
+
+    def encode(s):
+        calls.append(s)
+        return [] if "zzz" in s else [1]
+
+    checked = set()
+    ok = ConstraintSet(dynamic=[DynamicClause(["bigger", "smaller"])], counts=[CountConstraint(["he", "she"], 0)])
+    validate(ok, encode, checked=checked)
+    n = len(calls)
+    validate(ok, encode, checked=checked)
+    assert n == 4 and len(calls) == n
+    bad = ConstraintSet(counts=[CountConstraint(["he", "zzz"], 0, name="pronouns")])
+    with pytest.raises(ConstraintError, match="prompt 3: pronouns.*'zzz' tokenizes to nothing"):
+        validate(bad, encode, where="prompt 3", checked=checked)
+    assert ("he", "zzz") not in checked
+
+
 def test_head_larger_than_tokenizer_and_no_constraint_matches_hf_beam():
     import transformers as tf
 
@@ -290,6 +311,8 @@ def test_seq2seq_batch_of_prompts_of_different_lengths():
         alone = dec.decode([p], [cs])[0]
         assert gens and [g.text for g in gens] == [g.text for g in alone]
         assert [g.score for g in gens] == pytest.approx([g.score for g in alone], abs=1e-4)
+    # the validation's tokenization cache survives the batches (the encoder's outputs were stored under its name)
+    assert isinstance(dec._enc, dict) and " dog" in dec._enc
 
 
 def test_batching_each_prompt_own_constraints(tiny_gpt2):

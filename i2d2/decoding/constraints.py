@@ -136,10 +136,12 @@ class ConstraintSet:
         return out
 
 
-def validate(cs: ConstraintSet, encode=None, where: str = "") -> None:
+def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | None = None) -> None:
     """Raise ConstraintError naming the clause for malformed constraints.
 
     ``encode(text) -> list[int]`` (the tokenizer) checks that every phrase tokenizes to something.
+    ``checked``: word lists (tuples) already found well formed with this ``encode``, kept by the caller across
+    sets: NeuroComparatives' ~300 comparatives and its forbidden words repeat in every prompt's set.
     """
     pre = f"{where}: " if where else ""
     labels = cs.labels()
@@ -151,6 +153,15 @@ def validate(cs: ConstraintSet, encode=None, where: str = "") -> None:
             raise ConstraintError(f"{pre}{label}: {kind} {text!r} has no words")
         if encode is not None and len(encode(" " + text.strip())) == 0:
             raise ConstraintError(f"{pre}{label}: {kind} {text!r} tokenizes to nothing")
+
+    def check_words(words, label):
+        key = tuple(words)
+        if checked is not None and key in checked:
+            return
+        for w in words:
+            check_text(w, label, "word")
+        if checked is not None:
+            checked.add(key)
 
     for i, c in enumerate(cs.clauses):
         if not c.literals:
@@ -164,16 +175,14 @@ def validate(cs: ConstraintSet, encode=None, where: str = "") -> None:
             raise ConstraintError(f"{pre}{label}: no words")
         if int(c.max_count) < 0:
             raise ConstraintError(f"{pre}{label}: max_count must be >= 0, got {c.max_count}")
-        for w in c.words:
-            check_text(w, label, "word")
+        check_words(c.words, label)
     for j, d in enumerate(cs.dynamic):
         label = labels[len(cs.clauses) + j]
         if not d.words:
             raise ConstraintError(f"{pre}{label}: no words")
         if int(d.top_k) < 1:
             raise ConstraintError(f"{pre}{label}: top_k must be >= 1, got {d.top_k}")
-        for w in d.words:
-            check_text(w, label, "word")
+        check_words(d.words, label)
         _check_positions(d.positions, f"{pre}{label}")
     # the same literal both required and forbidden
     required = {}
@@ -190,9 +199,9 @@ def validate(cs: ConstraintSet, encode=None, where: str = "") -> None:
         if pos & neg:  # (A or not A) is a tautology: almost surely a mistake
             raise ConstraintError(f"{pre}{labels[i]}: the same literal is both required and forbidden in one clause")
     for j, c in enumerate(cs.counts):
-        if int(c.max_count) == 0:
+        if int(c.max_count) == 0 and required:
             for w in c.words:
-                key = Literal(w).words()
+                key = phrase_words(w)
                 if key in required:
                     raise ConstraintError(f"{pre}{c.name or f'count constraint {j}'}: word {w!r} is forbidden "
                                           f"(max_count=0) but required by {required[key]}")

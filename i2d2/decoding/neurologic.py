@@ -150,6 +150,7 @@ class NeuroLogicDecoder:
         self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
         self._words = {}  # compile._WordRecord per literal word, reused across batches
         self._enc = {}  # tokenization of each literal text validated
+        self._checked = set()  # word lists validated with this tokenizer (constraints.validate)
 
     # ------------------------------------------------------------------ public
     def decode(self, prompts: list[str], constraints: list[ConstraintSet | dict | None],
@@ -159,6 +160,7 @@ class NeuroLogicDecoder:
         css = []
         if len(self._enc) > CACHE_MAX:  # a long run over ever new concepts must not grow without bound
             self._enc.clear()
+            self._checked.clear()
 
         def enc(text):
             ids = self._enc.get(text)
@@ -168,7 +170,7 @@ class NeuroLogicDecoder:
 
         for i, c in enumerate(constraints):
             cs = ConstraintSet.from_dict(c) if not isinstance(c, ConstraintSet) else c
-            validate(cs, enc, where=f"prompt {i}")
+            validate(cs, enc, where=f"prompt {i}", checked=self._checked)
             css.append(cs)
         bs = self.cfg.batch_size
         chunks = range(0, len(prompts), bs)
@@ -205,13 +207,13 @@ class NeuroLogicDecoder:
 
             enc_out = self.model.get_encoder()(input_ids=ids, attention_mask=am)
             hidden = enc_out.last_hidden_state[rep]
-            self._enc = BaseModelOutput(last_hidden_state=hidden)
+            self._encoder_out = BaseModelOutput(last_hidden_state=hidden)
             am = am[rep]
             start = self.model.config.decoder_start_token_id
             if start is None:
                 start = getattr(getattr(self.model.config, "decoder", None), "bos_token_id", None) or tok.bos_token_id
             dec = torch.full((B * K, 1), int(start), device=d, dtype=torch.long)
-            out = self.model(encoder_outputs=self._enc, attention_mask=am, decoder_input_ids=dec, use_cache=True)
+            out = self.model(encoder_outputs=self._encoder_out, attention_mask=am, decoder_input_ids=dec, use_cache=True)
             return out.logits[:, -1, :], self._cache_of(out), am, None
         kw = {}
         if self._pos_ids:
@@ -231,7 +233,7 @@ class NeuroLogicDecoder:
     def _forward(self, tokens, cache, am, pos):
         kw = {self._cache_kw: cache}
         if self.is_s2s:
-            out = self.model(encoder_outputs=self._enc, attention_mask=am, decoder_input_ids=tokens[:, None],
+            out = self.model(encoder_outputs=self._encoder_out, attention_mask=am, decoder_input_ids=tokens[:, None],
                              use_cache=True, **kw)
         else:
             if self._pos_ids:
