@@ -261,6 +261,10 @@ def test_word_lists_checked_once_per_caller():
     with pytest.raises(ConstraintError, match="prompt 3: pronouns.*'zzz' tokenizes to nothing"):
         validate(bad, encode, where="prompt 3", checked=checked)
     assert ("he", "zzz") not in checked
+    # a word that is not a string is named, not hashed (a list in a list from JSON)
+    odd = ConstraintSet.from_dict({"counts": [{"words": [["a"]], "max_count": 0, "name": "nested"}]})
+    with pytest.raises(ConstraintError, match="nested: empty word"):
+        validate(odd, encode, checked=checked)
 
 
 def test_head_larger_than_tokenizer_and_no_constraint_matches_hf_beam():

@@ -220,3 +220,15 @@ def test_progress_log_writes_a_finished_epoch_when_the_fit_then_fails(caplog):
         progress.on_exception(trainer, None, OSError("disk full"))
         progress.on_train_end(trainer, None)  # written once
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["fit: epoch 0 done at step 5 finetune/loss_epoch=0.5"]
+
+
+def test_lora_start_does_not_depend_on_what_ran_before(tmp_path):
+    """LoRA's adapters start random: the fit seeds before building them, so a run whose earlier stages were skipped
+    (resumed) fine-tunes to the same weights as one that ran them."""
+    model, tok = tiny_model("gpt2")
+    cfg = {**CFG, "epochs": 1, "lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0, "target_modules": None}}
+    for i, history in enumerate((0, 1)):
+        torch.manual_seed(history)  # whatever drew from the RNG earlier in the process
+        finetune(copy.deepcopy(model), tok, ROWS, tmp_path / f"w{i}", tmp_path / f"m{i}", cfg, CPU, seed=3)
+    wa, wb = _weights(tmp_path / "m0"), _weights(tmp_path / "m1")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -250,10 +250,11 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     batches = batches_per_rank(len(dm.examples), dm.batch_size, world_size_of(tc))  # per epoch, one rank
     total = optimizer_steps(batches, cfg["epochs"], tc, accumulate=cfg["accumulate_grad_batches"],
                             max_steps=cfg["max_steps"])
+    # before the module: LoRA's adapters start random; then dropout etc. (a resumed run takes the checkpoint's state)
+    seed_fit(seed)
     module = SelfImitationModule(model, lr=cfg["lr"], weight_decay=cfg["weight_decay"],
                                  warmup_ratio=cfg["warmup_ratio"], lora=cfg["lora"],
                                  gradient_checkpointing=cfg["gradient_checkpointing"], total_steps=total)
-    seed_fit(seed)  # dropout etc.; a resumed run takes the RNG state from the checkpoint instead
     per_epoch = min(total, math.ceil(batches / max(1, int(cfg["accumulate_grad_batches"]))))
     trainer, ckpt = finetune_trainer(tc, cfg, work_dir, logger, callbacks, dm.progress, steps_per_epoch=per_epoch)
     resume = resume_checkpoint(Path(ckpt.dirpath) / "last.ckpt", trainer)

@@ -155,12 +155,12 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
             raise ConstraintError(f"{pre}{label}: {kind} {text!r} tokenizes to nothing")
 
     def check_words(words, label):
-        key = tuple(words)
+        key = tuple(words) if all(isinstance(w, str) for w in words) else None  # else check_text names the bad one
         if checked is not None and key in checked:
             return
         for w in words:
             check_text(w, label, "word")
-        if checked is not None:
+        if checked is not None and key is not None:
             checked.add(key)
 
     for i, c in enumerate(cs.clauses):

@@ -61,6 +61,7 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     t = cfg.task
     tr = t.train
     base, tok = load_causal_lm(cfg.model.name, cache=cfg.get("cache_dir"))
+    seed_fit(int(cfg.seed))  # the soft prompt starts random (init_text overwrites it, an empty one does not)
     lm = NegVerseLM(base, tok, num_virtual_tokens=int(t.prompt.num_virtual_tokens), init_text=t.prompt.init_text,
                     train_new_tokens=bool(t.prompt.train_new_tokens))
     train = read_jsonl(data_dir / "train.jsonl", required=["prompt", "target"])
