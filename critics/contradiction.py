@@ -34,7 +34,6 @@ from typing import Sequence
 import numpy as np
 
 from i2d2.schemas import CrossEncoderConfig, fill
-from i2d2.resume import seed_fit
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +377,7 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
 
     from i2d2.io import atomic_dir, write_json, write_jsonl
     from i2d2.lightning_setup import build_trainer, resume_checkpoint
+    from i2d2.resume import seed_fit
 
     cfg = cross_encoder_config(cfg)
     scorer = ComparativeDirectionScorer(scales, comparatives)

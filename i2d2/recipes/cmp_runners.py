@@ -15,7 +15,6 @@ from collections import defaultdict
 import numpy as np
 
 from i2d2.cmp.data import Quintuple
-from i2d2.resume import seed_fit
 from i2d2.cmp.downstream import DownstreamExample, load_downstream
 from i2d2.cmp.evaluation import qa_scores, selection_metric, task_scores
 from i2d2.cmp.tasks import (SEP, Collator, Example, ExampleBuilder, eos_id, generate, make_truncator, source_text,
@@ -147,6 +146,7 @@ def run_downstream(model_loader, dataset: dict, k, trainer_cfg, protocol: dict,
                                 eval_batch_size, max_source_length, progress)
         rows = [{"id": x.id, "prediction": p, "references": list(x.references)} for x, p in zip(evals, preds)]
         return {**out, "metrics": metrics, "std": None, "n_seeds": 1, "lowercased": lowercase, "predictions": rows}
+    from i2d2.resume import seed_fit  # imported here: importing this module stays light (no torch, Lightning)
 
     ft = protocol["finetune"]
     dev, pool, dev_source = dev_and_pool(dataset, task, int(ft.get("dev_size", 100)))
