@@ -243,7 +243,6 @@ def test_no_intact_checkpoint_restarts_the_training(tmp_path, caplog):
     assert "restarts from the beginning" in caplog.text and "SHA-256" in caplog.text
 
 
-
 def test_every_rank_picks_the_same_resume_point_when_another_moved_the_damaged_file(tmp_path, monkeypatch):
     # every rank of a DDP fit calls pick_resume at once: the one that finds last.ckpt damaged second must not fail
     # on the rename the first one did (it raised FileNotFoundError, and the other rank then waited for it forever)
@@ -268,6 +267,7 @@ def test_every_rank_picks_the_same_resume_point_when_another_moved_the_damaged_f
     monkeypatch.setattr(checkpoints, "problem", real_problem)
     assert checkpoints.pick_resume(last) == str(checkpoints.previous_path(last))  # a rank that came later
     assert checkpoints.problem(last) == "missing"
+
 
 def test_failed_checkpoint_save_surfaces_and_leaves_no_temp_file(tmp_path, monkeypatch):
     import errno

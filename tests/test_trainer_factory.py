@@ -164,13 +164,13 @@ def test_critic_trains_alike_under_every_gpu_trainer(fake_cuda, mode):
     assert trainer.gradient_clip_val == 1.0
 
 
-
 def test_world_size_reads_lightning_device_strings():
     assert [S.world_size_of({"accelerator": "gpu", "devices": d}) for d in ("1,", "0,1", "0, 1,", 3, [0, 2])] == [1, 2, 2, 3, 2]
     assert S.world_size_of({"devices": 2, "num_nodes": 2}) == 4
     S.check_one_process({"accelerator": "gpu", "devices": "1,"}, "negverse")  # the GPU with index 1: one process
     with pytest.raises(ValueError, match="trainer.devices: task=negverse runs in one process"):
         S.check_one_process({"accelerator": "gpu", "devices": "0,1"}, "negverse")
+
 
 def test_critic_and_default_trainers_come_from_the_factory():
     trainer = S.build_trainer(None, max_epochs=2, logger=False, enable_progress_bar=False)
