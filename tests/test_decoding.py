@@ -630,24 +630,31 @@ def _trie_nodes(cp):
 def test_cpu_topk_matches_torch_topk():
     """The CPU top-k off torch's nth-element path (64 k > n) returns torch's values, and indices that name those
     values inside the input, also where fewer than k entries are finite: a small k pads rows onto torch's partial
-    sort, a larger one (the vocabulary's top-50 on a small vocabulary) selects with numpy, also on a 3-D,
-    non-contiguous or gradient-tracking input."""
+    sort, a larger one (the vocabulary's top-50 on a small vocabulary) selects with numpy on one thread and with
+    torch on several, also on a 3-D, non-contiguous or gradient-tracking input."""
     from i2d2.decoding.neurologic import _topk
 
-    g = torch.Generator().manual_seed(0)
-    for n, k in ((292, 5), (619, 10), (100, 10), (20, 3), (1000, 50), (300, 20), (40, 40)):
-        x = torch.randn(6, n, generator=g)
-        x[0, 3:] = float("-inf")  # a row with 3 finite entries
-        x[1] = float("-inf")
-        v, i = _topk(x, k)
-        want = x.topk(k, dim=-1).values
-        assert torch.equal(v, want), (n, k)
-        assert int(i.max()) < n and torch.equal(x.gather(1, i), v), (n, k)
-        if k > 12:  # distinct values: the indices are torch's too
-            assert torch.equal(i[2:], x[2:].topk(k, dim=-1).indices), (n, k)
-    x = torch.randn(4, 3, 700, generator=g).transpose(0, 1).requires_grad_()
-    v, i = _topk(x, 30)
-    assert torch.equal(v, x.detach().topk(30, dim=-1).values) and torch.equal(i, x.detach().topk(30, dim=-1).indices)
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            g = torch.Generator().manual_seed(0)
+            for n, k in ((292, 5), (619, 10), (100, 10), (20, 3), (1000, 50), (300, 20), (40, 40)):
+                x = torch.randn(6, n, generator=g)
+                x[0, 3:] = float("-inf")  # a row with 3 finite entries
+                x[1] = float("-inf")
+                v, i = _topk(x, k)
+                want = x.topk(k, dim=-1).values
+                assert torch.equal(v, want), (nt, n, k)
+                assert int(i.max()) < n and torch.equal(x.gather(1, i), v), (nt, n, k)
+                if k > 12:  # distinct values: the indices are torch's too
+                    assert torch.equal(i[2:], x[2:].topk(k, dim=-1).indices), (nt, n, k)
+            x = torch.randn(4, 3, 700, generator=g).transpose(0, 1).requires_grad_()
+            v, i = _topk(x, 30)
+            want = x.detach().topk(30, dim=-1)
+            assert torch.equal(v, want.values) and torch.equal(i, want.indices), nt
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.filterwarnings("error::FutureWarning")
