@@ -4,6 +4,7 @@ import itertools
 import json
 import math
 import re
+from dataclasses import fields
 
 import numpy as np
 
@@ -609,12 +610,40 @@ def test_word_cache_is_bounded_and_emptying_it_changes_nothing(tiny_gpt2, monkey
     sets = [ConstraintSet(clauses=[Clause([Literal(w)])], counts=[CountConstraint(["the", "a"], 1)])
             for w in ("dog", "bicycles", "water", "birds")]
     want = NeuroLogicDecoder(model, tok, cfg(batch_size=1)).decode(PROMPTS, sets)
-    monkeypatch.setattr(nl, "CACHE_MAX", 3)
+    monkeypatch.setattr(nl, "CACHE_MAX", 4)
     dec = NeuroLogicDecoder(model, tok, cfg(batch_size=1))
     got = dec.decode(PROMPTS, sets)
     assert [[(g.text, g.score) for g in gs] for gs in got] == [[(g.text, g.score) for g in gs] for gs in want]
-    # emptied whenever it held more than 3 words before a batch: the first prompts' words are gone
-    assert {k[1] for k in dec._words} == {"water", "birds", "the", "a"}
+    # emptied whenever it held more than 4 entries (words and the last batch's trie) before a batch: the first
+    # prompts' words are gone
+    assert {k[1] for k in dec._words if k[0] == "word"} == {"water", "birds", "the", "a"}
+
+
+def test_a_batch_with_the_last_batchs_words_reuses_its_trie_and_compiles_alike(tiny_gpt2):
+    """The trie and path tables are kept for the next batch with the same words (a NeuroComparatives pass, a
+    benchmark): reused there, rebuilt for other words, and every table equal to a compilation from scratch."""
+    from i2d2.decoding.compile import compile_batch
+
+    model, tok = tiny_gpt2
+    dec = NeuroLogicDecoder(model, tok, cfg())
+    comps = ["bigger", "smaller", "cheaper"]
+
+    def nc(aux, adv):
+        return ConstraintSet(clauses=[Clause([Literal(aux)], positions=[1, 2]), Clause([Literal(adv)], positions=[1, 2])],
+                             counts=[CountConstraint(["I", "you"], 0)], dynamic=[DynamicClause(comps, top_k=2)])
+
+    a = [nc("are", "often"), nc("have", "typically")]
+    b = [nc("are", "usually"), nc("have", "typically")]  # one word differs
+    cache = {}
+    seen = []
+    for css in (a, a, b, a):
+        cp = compile_batch(css, dec.tables, tok, "cpu", cache)
+        fresh = compile_batch(css, dec.tables, tok, "cpu", {})
+        for f in fields(cp):
+            x, y = getattr(cp, f.name), getattr(fresh, f.name)
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
+        seen.append(cp.keys)
+    assert seen[1] is seen[0] and seen[2] is not seen[1] and seen[3] is not seen[0]
 
 
 def _trie_nodes(cp):

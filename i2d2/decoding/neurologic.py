@@ -42,8 +42,9 @@ from .vocab import token_tables
 NEG = float("-inf")
 _KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tokens first among lookahead tokens
 STOP_CHECK_EVERY = 4  # steps between host-side checks that every prompt is done (the only sync in the loop)
-# per-word tables (about 5 KB a word on GPT-2's vocabulary) and validation tokenizations kept across batches: each
-# store is emptied before a batch once it holds more entries than this (at most ~100 MB of word tables)
+# per-word tables (about 5 KB a word on GPT-2's vocabulary, plus the last batch's trie) and validation tokenizations
+# kept across batches: each store is emptied before a batch once it holds more entries than this (at most ~100 MB
+# of word tables)
 CACHE_MAX = 20_000
 # per-prompt tables ([N, 1, ...]) the constraint-state update reads against [N, C, ...] candidates
 _CAND_TABLES = ("neg_total", "grp_max", "cl_valid", "cl_has_pos", "cl_rank_ok", "cl_maxpos",
@@ -151,7 +152,7 @@ class NeuroLogicDecoder:
         self._pos_ids = "position_ids" in fwd and not self.is_s2s
         # transformers renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40)
         self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
-        self._words = {}  # compile._WordRecord per literal word, reused across batches
+        self._words = {}  # compile._WordRecord per literal word and the last batch's compile._Lexicon
         self._enc = {}  # tokenization of each literal text validated
         self._checked = set()  # word lists validated with this tokenizer (constraints.validate)
 
