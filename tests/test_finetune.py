@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from i2d2.models import load_causal_lm, tiny_model
+from process_env import restored_process_state
 from trainers.lm_finetune import (IGNORE, ResumableBatchSampler, RightPadCollator, SelfImitationDataModule, encode_example, finetune,
                                   join_statement)
 
@@ -183,24 +184,16 @@ def test_seed_holds_under_a_strategy_that_reseeds_at_setup(tmp_path, monkeypatch
     (Lightning's reset_seed, from PL_GLOBAL_SEED). The fine-tuning's own seed must be the one they restore: else its
     dropout followed whichever fit seeded last, the critic's in an uninterrupted loop and the run's in one resumed
     after the critic stage (a resumed ZeRO-2 run's next iteration differed on an H100)."""
-    import os
-
     import lightning as L
 
-    env = dict(os.environ)
     ddp = {**CPU, "strategy": "ddp", "devices": 1}
     model, tok = tiny_model("gpt2")
     assert model.config.resid_pdrop > 0  # dropout draws from the RNG: a different seed gives other weights
-    try:
+    with restored_process_state():  # Lightning leaves RANK, LOCAL_RANK, MASTER_* and PL_GLOBAL_SEED behind
         L.seed_everything(7, verbose=False)  # the run's seed (i2d2.config.setup_run)
         finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "a", tmp_path / "a_model", CFG, ddp, seed=1)
         L.seed_everything(0, verbose=False)  # a critic fitted earlier in the process
         finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", CFG, ddp, seed=1)
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        os.environ.clear()  # Lightning leaves RANK, LOCAL_RANK, MASTER_* and PL_GLOBAL_SEED behind
-        os.environ.update(env)
     wa, wb = _weights(tmp_path / "a_model"), _weights(tmp_path / "b_model")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -15,6 +15,7 @@ from i2d2.io import read_jsonl, read_table
 from i2d2.models import tiny_model
 from i2d2.recipes import generics
 from i2d2.recipes.generics import ConfigError, MissingIterationError, run
+from process_env import launch_env
 
 pytestmark = pytest.mark.integration
 
@@ -267,7 +268,6 @@ def test_ddp_relaunched_ranks_train_the_critic_on_their_shards(tmp_path):
     # trainer=ddp relaunches the command per rank and the critic fits under DDP: Lightning refused its resumable
     # loader ("can't inject a (distributed) sampler into your batch sampler") until the loader sharded itself
     import math
-    import os
     import re
     import subprocess
     import sys
@@ -275,12 +275,10 @@ def test_ddp_relaunched_ranks_train_the_critic_on_their_shards(tmp_path):
     from omegaconf import OmegaConf
 
     root = Path(__file__).resolve().parents[1]
-    # a ddp_fork test earlier in this process leaves MASTER_PORT etc. behind: the launch picks its own
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
+    # a ddp_fork test earlier in this process leaves MASTER_PORT etc. behind: the launch picks its own (launch_env)
     r = subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", "trainer=ddp", "trainer.accelerator=cpu",
                         "trainer.devices=2", f"run_dir={tmp_path}"], cwd=root, capture_output=True, text=True,
-                       timeout=600, env={**env, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
+                       timeout=600, env=launch_env())
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     done = json.loads((tmp_path / "iter_0" / "critic" / "_DONE.json").read_text())["summary"]
     batch = OmegaConf.load(tmp_path / "iter_0" / "config.yaml").critic.batch_size

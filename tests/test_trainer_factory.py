@@ -9,7 +9,6 @@ accelerator; Lightning refuses it, so a test-only subclass skips that check); th
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import lightning as L
@@ -21,6 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleD
 import i2d2.lightning_setup as S
 import trainers.lm_finetune as F
 from i2d2.models import tiny_model
+from process_env import launch_env, restored_process_state
 
 ROWS = [{"prompt": p, "generation": g} for p, g in [
     ("Dogs are", "loyal animals."), ("A hammer can", "drive nails into wood."), ("Cats have", "sharp claws."),
@@ -261,16 +261,8 @@ def cpu_deepspeed(monkeypatch):
     monkeypatch.setattr(lightning_deepspeed, "_validate_device_index_selection", lambda devices: None)
     monkeypatch.setattr(F, "check_trainer_cfg", lambda *a, **k: None)
     monkeypatch.setattr(S, "check_trainer_cfg", lambda *a, **k: None)
-    env = dict(os.environ)
-    yield
-    if torch.distributed.is_initialized():  # later tests must not see a process group, nor DeepSpeed its groups
-        import deepspeed.comm
-
-        deepspeed.comm.destroy_process_group()
-    # nor the rank variables Lightning and DeepSpeed set (RANK, LOCAL_RANK, NODE_RANK, MASTER_*): with them a later
-    # ddp_fork run in this process failed to connect its ranks (gloo: connection refused)
-    os.environ.clear()
-    os.environ.update(env)
+    with restored_process_state():  # later tests see neither DeepSpeed's groups nor its rank variables
+        yield
 
 
 def cpu_zero_trainer(tmp_path, stage: int) -> dict:
@@ -330,6 +322,6 @@ def test_the_entry_point_closes_the_process_group_a_strategy_left_open(tmp_path)
     root = Path(__file__).resolve().parents[1]
     r = subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={tmp_path}",
                         "task.recipe=tests.entry_point_recipe.open_group"], cwd=root, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, env=launch_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "group_at_exit.json").read_text()) == {"open": False}

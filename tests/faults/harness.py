@@ -3,12 +3,13 @@ optionally SIGKILLed at a fault point (``I2D2_FAULT_AT``, i2d2/faults.py), and c
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from process_env import launch_env
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 900
@@ -40,12 +41,7 @@ def command(task: str, run_dir: Path, *overrides: str) -> list[str]:
 
 
 def env(fault_at: str | None = None) -> dict:
-    e = {k: v for k, v in os.environ.items() if k != "I2D2_FAULT_AT"}
-    e.update(WANDB_MODE="offline", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-             OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    if fault_at:
-        e["I2D2_FAULT_AT"] = fault_at
-    return e
+    return launch_env(**({"I2D2_FAULT_AT": fault_at} if fault_at else {}))
 
 
 def run(task: str, run_dir: Path, fault_at: str | None = None, *overrides: str) -> Result:

@@ -5,12 +5,12 @@ after a resumed LM fine-tuning (DDP-family strategies re-seed at setup from the 
 ``i2d2.resume.seed_fit``)."""
 
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from process_env import launch_env
 
 pytestmark = pytest.mark.faults
 
@@ -18,14 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def train(run_dir: Path, *overrides, **env) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK",
-                          "PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
     overrides = overrides or ("trainer.devices=2", "critic.ckpt_every_n_steps=20")
     return subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", "trainer=ddp",
                            "trainer.accelerator=cpu", *overrides, f"run_dir={run_dir}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600,
-                          env={**clean, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", **env})
+                          env=launch_env(**env))
 
 
 def weights(folder: Path) -> str:
