@@ -1,5 +1,5 @@
-"""What a test that starts Lightning's distributed strategies in the pytest process must leave behind, and what a
-run launched from a test must not inherit.
+"""What a test that starts Lightning's distributed strategies in the pytest process must clean up, and what a run
+launched from a test must not inherit.
 
 Lightning and DeepSpeed set rank variables in the process (RANK, LOCAL_RANK, NODE_RANK, WORLD_SIZE, MASTER_*) and
 the seed their strategies re-seed from (PL_GLOBAL_SEED, PL_SEED_WORKERS), and may leave a process group open. With
@@ -20,10 +20,11 @@ PROCESS_VARS = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_
 
 def launch_env(**extra: str) -> dict:
     """The environment for a run launched as a user would (``python -m i2d2.train ...``): this process's without
-    PROCESS_VARS and without a fault point, offline, one thread per process, fixed string hashing, then ``extra``."""
+    PROCESS_VARS and without a fault point, offline, one thread per process, then ``extra``. String hashing stays
+    random, as a user's rerun (a new process) has it."""
     env = {k: v for k, v in os.environ.items() if k not in PROCESS_VARS and k != "I2D2_FAULT_AT"}
     env.update(WANDB_MODE="offline", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+               OMP_NUM_THREADS="1")
     env.update(extra)
     return env
 
@@ -36,10 +37,12 @@ def restored_process_state():
     try:
         yield
     finally:
-        ds_comm = sys.modules.get("deepspeed.comm")
-        if ds_comm is not None and ds_comm.is_initialized():
-            ds_comm.destroy_process_group()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        os.environ.clear()
-        os.environ.update(env)
+        try:
+            ds_comm = sys.modules.get("deepspeed.comm")
+            if ds_comm is not None and ds_comm.is_initialized():
+                ds_comm.destroy_process_group()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        finally:
+            os.environ.clear()
+            os.environ.update(env)

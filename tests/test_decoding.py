@@ -629,21 +629,22 @@ def test_a_batch_with_the_last_batchs_words_reuses_its_trie_and_compiles_alike(t
     comps = ["bigger", "smaller", "cheaper"]
 
     def nc(aux, adv):
-        return ConstraintSet(clauses=[Clause([Literal(aux)], positions=[1, 2]), Clause([Literal(adv)], positions=[1, 2])],
+        return ConstraintSet(clauses=[Clause([Literal(aux)], positions=[1, 2]),
+                                      Clause([Literal(adv)], positions=[1, 2])],
                              counts=[CountConstraint(["I", "you"], 0)], dynamic=[DynamicClause(comps, top_k=2)])
 
     a = [nc("are", "often"), nc("have", "typically")]
     b = [nc("are", "usually"), nc("have", "typically")]  # one word differs
     cache = {}
     seen = []
-    for css in (a, a, b, a):
+    for css in (a, a, b, a, a[::-1]):  # the last: a's words in another order, so other word ids
         cp = compile_batch(css, dec.tables, tok, "cpu", cache)
         fresh = compile_batch(css, dec.tables, tok, "cpu", {})
         for f in fields(cp):
             x, y = getattr(cp, f.name), getattr(fresh, f.name)
             assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f.name
         seen.append(cp.keys)
-    assert seen[1] is seen[0] and seen[2] is not seen[1] and seen[3] is not seen[0]
+    assert seen[1] is seen[0] and seen[2] is not seen[1] and seen[3] is not seen[0] and seen[4] is not seen[3]
 
 
 def _trie_nodes(cp):
@@ -656,13 +657,17 @@ def _trie_nodes(cp):
     return list(out), list(out.values())
 
 
-def test_cpu_topk_matches_torch_topk():
+def test_cpu_topk_matches_torch_topk(monkeypatch):
     """The CPU top-k off torch's nth-element path (64 k > n) returns torch's values, and indices that name those
     values inside the input, also where fewer than k entries are finite: a small k pads rows onto torch's partial
     sort, a larger one (the vocabulary's top-50 on a small vocabulary) selects with numpy on one thread and with
     torch on several, also on a 3-D, non-contiguous or gradient-tracking input."""
     from i2d2.decoding.neurologic import _topk
 
+    selects = []  # numpy's selection, by thread count: one thread only
+    argpartition = np.argpartition
+    monkeypatch.setattr(np, "argpartition",
+                        lambda *a, **k: selects.append(torch.get_num_threads()) or argpartition(*a, **k))
     threads = torch.get_num_threads()
     try:
         for nt in (1, 2):
@@ -684,6 +689,7 @@ def test_cpu_topk_matches_torch_topk():
             assert torch.equal(v, want.values) and torch.equal(i, want.indices), nt
     finally:
         torch.set_num_threads(threads)
+    assert selects and set(selects) == {1}
 
 
 @pytest.mark.filterwarnings("error::FutureWarning")

@@ -442,16 +442,19 @@ def _lexicon(key: tuple, recs: list, F: int, device) -> _Lexicon:
 
     dv = lambda t: torch.as_tensor(t).to(device)  # noqa: E731
     tensors = dict(keys=dv(keys), vals=dv(vals), node_word=dv(node_word), node_depth=dv(node_depth),
-                   path_tok=dv(path_tok), path_node=dv(path_node), path_first=dv(np.ascontiguousarray(path_tok[:, :, 0])),
-                   path_resume=dv(path_resume), node_cont_tok=dv(node_cont_tok), node_cont_word=dv(node_cont_word),
-                   prefix_node=dv(prefix_node))
+                   path_tok=dv(path_tok), path_node=dv(path_node),
+                   path_first=dv(np.ascontiguousarray(path_tok[:, :, 0])), path_resume=dv(path_resume),
+                   node_cont_tok=dv(node_cont_tok), node_cont_word=dv(node_cont_word), prefix_node=dv(prefix_node))
+    for a in (prog_node_all, prog_frac_all, pcnt, poff):
+        a.setflags(write=False)
     return _Lexicon(key=key, Wc=Wc, Nn=Nn, tensors=tensors, has_resume=bool((path_resume >= 0).any()),
                     prog_node_all=prog_node_all, prog_frac_all=prog_frac_all, pcnt=pcnt, poff=poff)
 
 
 def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, cache: dict | None = None) -> Compiled:
-    """``cache``: a dict kept by the caller across batches (per-word tables, see ``_WordRecord``, and the last
-    batch's ``_Lexicon``, whose tensors the returned ``Compiled`` shares: nothing may write into them)."""
+    """``cache``: a dict kept by the caller across batches for one tokenizer and its ``tables`` (per-word tables, see
+    ``_WordRecord``, and the last batch's ``_Lexicon``, whose tensors the returned ``Compiled`` shares: nothing may
+    write into them)."""
     cache = {} if cache is None else cache
     B = len(css)
     rkeys = [_row_key(cs) for cs in css]
@@ -466,8 +469,9 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     gmap = [gmaps[k] for k in rkeys]
     wlist = list(words)
     F = tables.num_frags
-    # the trie and path tables depend on the batch's words alone: a batch with the previous one's words in the same
-    # order (a NeuroComparatives run within one pass, a benchmark's repeated batch) takes them as they are
+    # the trie and path tables depend on the batch's words alone (given the cache's tokenizer): a batch with the
+    # previous one's words in the same order (a NeuroComparatives run within one pass, a benchmark's repeated batch)
+    # takes them as they are
     lkey = (tuple(wlist), F, str(device))
     lex = cache.get(("lexicon",))
     if lex is None or lex.key != lkey:
@@ -478,7 +482,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
                 rec = cache[("word", w)] = _word_record(w, tables, tok)
             recs.append(rec)
         lex = cache[("lexicon",)] = _lexicon(lkey, recs, F, device)
-    Wc, Nn = lex.Wc, lex.Nn
+    Nn = lex.Nn
     prog_node_all, prog_frac_all, pcnt, poff = lex.prog_node_all, lex.prog_frac_all, lex.pcnt, lex.poff
 
     # ---- literal / clause / count tables

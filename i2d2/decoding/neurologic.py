@@ -55,10 +55,10 @@ def _topk(x, k: int):
     """``x.topk(k, dim=-1)``.  On a CPU, torch selects by nth_element once 64 * k > n, which costs 2-4x its partial
     sort: there a small k pads the rows with -inf up to 64 * k.  A larger k (the vocabulary's top-50 on a small
     vocabulary) stays with torch where it has several threads (it splits the rows over them: 0.31 against 0.72 ms
-    for numpy on [80, 1000], 2 threads); on one thread numpy's introselect and a sort of the k picks is a little
-    faster (0.75 against 0.84 ms).  Exactly equal values (bf16 weights on a small vocabulary, -inf) may come out in
-    another order than torch's, which can change which of them a beam keeps; a -inf pick may name a padding column:
-    indices are clamped to the last real one."""
+    for numpy on [80, 1000], 2 threads, an idle machine; with the other core busy the two come close); on one thread
+    numpy's introselect and a sort of the k picks is a little faster (0.75 against 0.84 ms).  Exactly equal values
+    (bf16 weights on a small vocabulary, -inf) may come out in another order than torch's, which can change which of
+    them a beam keeps; a -inf pick may name a padding column: indices are clamped to the last real one."""
     n = x.shape[-1]
     if x.device.type != "cpu" or 64 * k <= n or k >= n:
         return x.topk(k, dim=-1)

@@ -41,7 +41,8 @@ def command(task: str, run_dir: Path, *overrides: str) -> list[str]:
 
 
 def env(fault_at: str | None = None) -> dict:
-    return launch_env(**({"I2D2_FAULT_AT": fault_at} if fault_at else {}))
+    # one string hashing for the run and its rerun: a difference between them is then the fault's, not the hash's
+    return launch_env(PYTHONHASHSEED="0", **({"I2D2_FAULT_AT": fault_at} if fault_at else {}))
 
 
 def run(task: str, run_dir: Path, fault_at: str | None = None, *overrides: str) -> Result:
