@@ -359,8 +359,7 @@ class _Lexicon:
     ``Compiled`` carries and the host arrays the per-row tables are built from."""
 
     key: tuple  # (words in batch order, number of fragments, device)
-    Wc: int
-    Nn: int
+    Nn: int  # trie nodes (ROOT and DEAD included)
     tensors: dict  # Compiled's fields of the trie and the lookahead paths, on the device
     has_resume: bool
     # single-word progress: per word, the trie node of each non-empty prefix and its matched fraction
@@ -447,7 +446,7 @@ def _lexicon(key: tuple, recs: list, F: int, device) -> _Lexicon:
                    node_cont_tok=dv(node_cont_tok), node_cont_word=dv(node_cont_word), prefix_node=dv(prefix_node))
     for a in (prog_node_all, prog_frac_all, pcnt, poff):
         a.setflags(write=False)
-    return _Lexicon(key=key, Wc=Wc, Nn=Nn, tensors=tensors, has_resume=bool((path_resume >= 0).any()),
+    return _Lexicon(key=key, Nn=Nn, tensors=tensors, has_resume=bool((path_resume >= 0).any()),
                     prog_node_all=prog_node_all, prog_frac_all=prog_frac_all, pcnt=pcnt, poff=poff)
 
 
