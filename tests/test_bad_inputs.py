@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_env import launch_env
 
 ROOT = Path(__file__).resolve().parent.parent
 LATIN1 = "café au lait\n".encode("latin-1")  # 'é' as 0xE9: not UTF-8
@@ -384,7 +385,7 @@ def test_read_only_run_dir_writes_fail_and_leave_no_temp_file(read_only_dir):
 
 def cli(*args: str, module: str = "i2d2.train") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
+                          timeout=120, env=launch_env())
 
 
 CLI_CASES = [

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from i2d2.io import LOCK_INFO, RunLock, RunLockedError
+from process_env import launch_env
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLDER = ("import sys; from i2d2.io import RunLock; lock = RunLock(sys.argv[1]).acquire(); "
@@ -104,7 +105,7 @@ def test_cli_second_launch_on_one_run_dir_fails_at_once(tmp_path):
     try:
         r = subprocess.run([sys.executable, "-m", "i2d2.train", f"run_dir={tmp_path}", "model=tiny_gpt2",
                             "critic=tiny", "logger=none"], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                           env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"})
+                           env=launch_env())
     finally:
         holder.communicate("")
     assert r.returncode == 2, r.stderr[-2000:]
