@@ -60,9 +60,7 @@ def _topk(x, k: int):
     (bf16 weights on a small vocabulary, -inf) may come out in another order than torch's, which can change which of
     them a beam keeps; a -inf pick may name a padding column: indices are clamped to the last real one."""
     n = x.shape[-1]
-    if x.device.type != "cpu" or 64 * k <= n or k >= n:
-        return x.topk(k, dim=-1)
-    if k > 12 and torch.get_num_threads() > 1:
+    if x.device.type != "cpu" or 64 * k <= n or k >= n or (k > 12 and torch.get_num_threads() > 1):
         return x.topk(k, dim=-1)
     if k <= 12 or x.dtype not in (torch.float32, torch.float64):
         v, i = torch.cat([x, x.new_full((*x.shape[:-1], 64 * k - n), NEG)], -1).topk(k, dim=-1)
