@@ -24,6 +24,11 @@ PAD_WORD = -3
 PAD_LEN = 1 << 20
 
 
+def _on(device):
+    """A converter of numpy arrays / tensors to tensors on ``device`` (the compiled tables' one way there)."""
+    return lambda t: torch.as_tensor(t).to(device)
+
+
 @dataclass(frozen=True)
 class LitInfo:
     text: str
@@ -439,7 +444,7 @@ def _lexicon(key: tuple, recs: list, F: int, device) -> _Lexicon:
     pcnt = np.asarray([len(rec.prog) for rec in recs], dtype=np.int64)
     poff = np.cumsum(pcnt) - pcnt
 
-    dv = lambda t: torch.as_tensor(t).to(device)  # noqa: E731
+    dv = _on(device)
     tensors = dict(keys=dv(keys), vals=dv(vals), node_word=dv(node_word), node_depth=dv(node_depth),
                    path_tok=dv(path_tok), path_node=dv(path_node),
                    path_first=dv(np.ascontiguousarray(path_tok[:, :, 0])), path_resume=dv(path_resume),
@@ -583,7 +588,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
     cl_weight = torch.randint(1, 1 << 58, (Cl,), generator=gen, dtype=torch.long)
     if Cl <= 58:
         cl_weight = 2 ** torch.arange(Cl, dtype=torch.long)
-    dv = lambda t: torch.as_tensor(t).to(device)  # noqa: E731
+    dv = _on(device)
     return Compiled(
         B=B, Cl=Cl, G=G, lits=rows, n_clauses=ncl, F=F,
         Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_S=S,
