@@ -267,6 +267,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         delta, reached = chosen["delta"], chosen["reached"]
     else:
         delta, reached = float(cfg["delta"]), None
+    delta_from = "dev" if cfg["delta"] is None else "critic.delta"  # chosen on dev, or set in the config
     dev_precision, dev_recall, dev_kept = precision_recall_at(y_dev, s_dev, delta)
     ap = average_precision(y_test, s_test)
     precision, recall, n_kept = precision_recall_at(y_test, s_test, delta)
@@ -288,7 +289,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         ppl_score = -np.log(ppl)  # lower perplexity = ranked as more valid
         ap_ppl = average_precision(y_test, ppl_score)
         curves[f"LM perplexity ({_lm_name(lm_model)})"] = (y_test, ppl_score)
-    marks = {f"δ={delta:.2f} (from dev)": (recall, precision)} if precision is not None else {}
+    marks = {f"δ={delta:.2f} (from {delta_from})": (recall, precision)} if precision is not None else {}
     plot_pr_curves(curves, out_dir / "pr_curve.png", title="Test concepts: critic vs surface floor vs perplexity",
                    marks=marks)
     plot_score_histogram(s_test, y_test, out_dir / "score_histogram.png", delta=delta,
@@ -311,7 +312,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         "n_train": int(len(train_idx)), "n_dev": int(len(dev_idx)), "n_test": int(len(test_idx)),
         "n_test_concepts": len(split_concepts["test"]), "test_valid_rate": float(y_test.mean()),
         "fit_seconds": fit_s, "annotations": report.summary(), "n_unfinished_left_out": n_unfinished,
-        "sources": {"delta": "dev", "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
+        "sources": {"delta": delta_from, "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
                     "ap, precision, recall, p_at_r, ap_perplexity, surface_ap": "test",
                     "probe_*": "probes.jsonl (hand-written, never trained on)"},
         "pr_curve": str(out_dir / "pr_curve.png"), "score_histogram": str(out_dir / "score_histogram.png"),
@@ -328,9 +329,9 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     below_floor = floor_warning(ap, summary["surface_ap"])
     if below_floor:
         log.warning("!!! CRITIC BELOW THE SURFACE FLOOR: %s. See %s.", below_floor, out_dir / "metrics.json")
-    log.info("critic: test AP %.3f (surface floor %s, LM perplexity %s) on %d statements / %d concepts; δ=%.3f from dev "
+    log.info("critic: test AP %.3f (surface floor %s, LM perplexity %s) on %d statements / %d concepts; δ=%.3f from %s "
              "-> test precision %s recall %.3f (%d kept); probe shift %s, probe AP %s", ap, _f(surface["surface_ap"]),
-             _f(ap_ppl), len(test_idx), len(split_concepts["test"]), delta, _f(precision), recall, n_kept,
+             _f(ap_ppl), len(test_idx), len(split_concepts["test"]), delta, delta_from, _f(precision), recall, n_kept,
              _f(probes.get("probe_shift")), _f(probes.get("probe_ap")))
     return summary
 

@@ -21,7 +21,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from i2d2.labels import label_mapping, normalize_label, normalize_statement, parse_votes, resolve_annotation_path
+from i2d2.labels import aggregate_votes, label_mapping, normalize_label, normalize_statement, parse_votes, \
+    resolve_annotation_path
 from i2d2.io import DataError, open_text, read_csv, read_jsonl, write_csv, write_jsonl, write_text
 from i2d2.metrics import wilson_interval
 
@@ -50,7 +51,7 @@ label is used. Leave a row's `label` and `votes` empty to skip it. Do not edit `
 """
 
 HELDOUT_STORE = "annotations/heldout_labels.jsonl"
-BLIND_COLUMNS = ["item_id", "statement", "label"]
+BLIND_COLUMNS = ["item_id", "statement", "label", "votes"]
 
 
 def labels_store(run_dir: str | Path) -> Path:
@@ -151,9 +152,21 @@ def import_annotations(path: str | Path, store_path: str | Path | None = None, l
     unchanged (``critic_score`` as a float).
     """
     path = Path(path)
+    out = _checked_labels(path, _read_labelled(path), label_map, on_error, errors)
+    for rec in out:
+        if iteration is not None:
+            rec["iteration"] = iteration
+    if store_path is not None:
+        merge_labels(store_path, out)
+    return out
+
+
+def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Mapping | None, on_error: str,
+                    errors: list | None) -> list[dict]:
+    """The labelled rows of ``(line, row)`` pairs read from ``path``, validated (errors name ``path:line``)."""
     known = label_mapping(label_map)
     out, unlabelled = [], 0
-    for lineno, row in _read_labelled(path):
+    for lineno, row in rows:
         try:
             statement = str(row.get("statement") or "").strip()
             if not statement or not str(row.get("concept") or "").strip():
@@ -180,13 +193,9 @@ def import_annotations(path: str | Path, store_path: str | Path | None = None, l
             rec["critic_score"] = float(rec["critic_score"])
         else:
             rec["critic_score"] = None
-        if iteration is not None:
-            rec["iteration"] = iteration
         rec["imported_from"] = str(path)
         out.append(rec)
     log.info("imported %d labelled statements from %s (%d unlabelled skipped)", len(out), path, unlabelled)
-    if store_path is not None:
-        merge_labels(store_path, out)
     return out
 
 
@@ -258,8 +267,8 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
         item["item_id"] = hashlib.sha1(f"{salt}:{key}".encode()).hexdigest()[:12]
     order = rng.permutation(len(items)).tolist()
     shuffled = [list(items.values())[i] for i in order]
-    write_csv(out_path, [{"item_id": it["item_id"], "statement": it["statement"], "label": ""} for it in shuffled],
-              BLIND_COLUMNS)
+    write_csv(out_path, [{"item_id": it["item_id"], "statement": it["statement"], "label": "", "votes": ""}
+                         for it in shuffled], BLIND_COLUMNS)
     write_text(out_path.with_name(out_path.stem + ".instructions.md"), INSTRUCTIONS)
     key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
     old = {r["item_id"]: r for r in read_jsonl(key_path)} if key_path.exists() else {}
@@ -286,20 +295,14 @@ def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise",
         if item is None:
             unknown.append(f"{path}:{lineno}: item_id {row.get('item_id')!r} is not in {key_path}")
         else:
-            rows.append({**row, "concept": item["concept"], "statement": item["statement"]})
+            rows.append((lineno, {**row, "concept": item["concept"], "statement": item["statement"]}))
     if unknown and on_error == "raise":
         raise DataError(unknown[0])
     if errors is not None:
         errors.extend(unknown)
-    tmp = Path(path).with_name("." + Path(path).name + ".mapped.jsonl")
-    write_jsonl(tmp, rows)
-    try:
-        labelled = import_annotations(tmp, None, on_error=on_error, errors=errors)
-    finally:
-        tmp.unlink(missing_ok=True)
+    labelled = _checked_labels(path, rows, None, on_error, errors)
     for r in labelled:
         r["iterations"] = key[str(r["item_id"]).strip()]["iterations"]
-        r["imported_from"] = str(path)
     merge_labels(heldout_store(run_dir), labelled)
     return labelled
 
@@ -313,7 +316,8 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> l
     labels = {}
     if store.exists():
         for r in read_jsonl(store):
-            y = mapping.get(normalize_label(r.get("label") or ""))
+            # a row's label, else its annotators' majority (no majority: not counted)
+            y = mapping.get(normalize_label(r.get("label") or "") or aggregate_votes(r.get("votes") or []) or "")
             if y is not None:
                 labels[normalize_statement(r["statement"])] = int(y)
     by_iter: dict[int, list[int]] = {}

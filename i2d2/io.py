@@ -594,8 +594,10 @@ def save_table(path: str | os.PathLike, table, max_shard_size: str = "500MB") ->
     import datasets
 
     ds = table if isinstance(table, datasets.Dataset) else datasets.Dataset(_nulls_as_strings(table))
+    # an empty table gets one (empty) shard: datasets 4.x saves zero rows as zero shards and then cannot load them
+    shards = {"num_shards": 1} if len(ds) == 0 else {"max_shard_size": max_shard_size}
     with atomic_dir(path) as tmp:
-        ds.save_to_disk(str(tmp), max_shard_size=max_shard_size)
+        ds.save_to_disk(str(tmp), **shards)
         _content_fingerprint(tmp)
     return Path(path)
 

@@ -114,7 +114,10 @@ def test_annotate_cli_round_trip(tmp_path, capsys):
 
     write_jsonl(tmp_path / "kept.jsonl", _generations(3, 6))
     store = tmp_path / "labels.jsonl"
-    assert main(["export", "--input", str(tmp_path / "kept.jsonl"), "--out", str(tmp_path / "s.csv"), "--k", "2"]) == 0
+    # the README's first export names the store before any import has made it: nothing to leave out yet
+    assert main(["export", "--input", str(tmp_path / "kept.jsonl"), "--out", str(tmp_path / "s.csv"), "--k", "2",
+                 "--store", str(store)]) == 0
+    assert not store.exists()
     _fill_csv(tmp_path / "s.csv", tmp_path / "d.csv", ["true", "garbled"] * 3)
     assert main(["import", "--input", str(tmp_path / "d.csv"), "--store", str(store)]) == 0
     assert len(read_jsonl(store)) == 6

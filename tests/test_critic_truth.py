@@ -248,7 +248,7 @@ def test_blind_export_carries_no_score_or_iteration_and_imports_back(tmp_path):
     items = export_blind(run, out, n_per_iteration=3, seed=0)
     with open(out, newline="") as f:
         reader = csv.DictReader(f)
-        assert reader.fieldnames == ["item_id", "statement", "label"]
+        assert reader.fieldnames == ["item_id", "statement", "label", "votes"]
         rows = list(reader)
     assert len(rows) == len(items) == 5  # "Dogs bark." came from both iterations: one item
     text = out.read_text()
@@ -259,7 +259,7 @@ def test_blind_export_carries_no_score_or_iteration_and_imports_back(tmp_path):
     for r in rows:
         r["label"] = truth[r["statement"]]
     with open(tmp_path / "done.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, ["item_id", "statement", "label"])
+        w = csv.DictWriter(f, ["item_id", "statement", "label", "votes"])
         w.writeheader()
         w.writerows(rows)
     labelled = import_blind(tmp_path / "done.csv", run)
@@ -270,6 +270,29 @@ def test_blind_export_carries_no_score_or_iteration_and_imports_back(tmp_path):
     assert acc[0]["n_labelled"] == 3
     # a second export skips what is labelled already
     assert export_blind(run, tmp_path / "again.csv", n_per_iteration=3) == []
+
+
+def test_blind_import_counts_majority_votes_and_names_the_labellers_file_line(tmp_path):
+    from i2d2.annotation import export_blind, heldout_accuracy, import_blind
+    from i2d2.io import DataError
+
+    run = _fake_run(tmp_path / "run")
+    rows = {r["statement"]: r for r in export_blind(run, tmp_path / "b.csv", n_per_iteration=3, seed=0)}
+    votes = {"Dogs bark.": "true|true|false", "Dogs fly.": "false|false|true", "Cats purr.": "true|false",  # a tie
+             "Owls hoot.": "true|true|true", "Cats are.": "garbled|garbled|true"}
+    lines = ["item_id,statement,label,votes"] + [f"{rows[t]['item_id']},{t},,{v}" for t, v in votes.items()]
+    (tmp_path / "votes.csv").write_text("\n".join(lines) + "\n")
+    assert len(import_blind(tmp_path / "votes.csv", run)) == 5
+    acc = {r["iteration"]: r for r in heldout_accuracy(run)}
+    # iteration 0: Dogs bark (true), Dogs fly (false), Cats purr (tie: not counted); 1: Dogs bark, Owls hoot, Cats are
+    assert (acc[0]["n_labelled"], acc[0]["accuracy"]) == (2, pytest.approx(1 / 2))
+    assert (acc[1]["n_labelled"], acc[1]["accuracy"]) == (3, pytest.approx(2 / 3))
+    # an unknown label names the labeller's file and its line (the 4th data row is CSV line 5)
+    lines[4] = lines[4].replace(",,", ",maybe,")
+    (tmp_path / "bad_label.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"^\S*bad_label\.csv:5: unknown label"):
+        import_blind(tmp_path / "bad_label.csv", run)
+    assert not list(tmp_path.glob(".*mapped*"))
 
 
 def test_blind_import_rejects_unknown_items(tmp_path):

@@ -114,7 +114,15 @@ def test_two_iterations_chain_models_and_report(baseline):
         assert {h["concept"] for h in held} == {"umbrella", "ladder", "plant a tree"}
     md = (run_dir / "iter_1" / "report.md").read_text()
     assert "## All iterations" in md and "| 0 | 18 |" in md and "| 1 | 18 |" in md
-    assert "critic AP — test split" in md and "δ — chosen on the dev split" in md
+    # the smoke preset sets task.filter.delta (0.0): the report says so, and its precision / recall at δ are the
+    # critic's test split's at that δ, not at the critic's own dev δ
+    assert "critic AP — test split" in md and "δ — set by task.filter.delta (not chosen on data) | 0.000 |" in md
+    from critics.metrics import precision_recall_at
+
+    assert rep["delta"] == 0.0 and rep["delta_source"] == "task.filter.delta" and rep["critic_delta"] == crit["delta"]
+    p, r, n = precision_recall_at([t["y"] for t in test], [t["critic_score"] for t in test], 0.0)
+    assert (rep["critic_precision"], rep["critic_recall"], rep["critic_n_kept_test"]) == (pytest.approx(p), pytest.approx(r), n)
+    assert n != crit["n_kept_test"]  # the critic's own δ keeps another number: the two must not be mixed
     assert (run_dir / "iter_1" / "report" / "pr_curves.png").stat().st_size > 1000
     assert len(r1["pr_aps"]) == 2  # one curve per iteration on the same plot
 
@@ -136,7 +144,7 @@ def test_blind_import_writes_person_judged_accuracy_into_the_reports(baseline, t
     for i, r in enumerate(rows):  # any labels do: the test checks where they land, not what they say
         r["label"] = "true" if i % 2 == 0 else "garbled"
     with open(tmp_path / "done.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, ["item_id", "statement", "label"])
+        w = csv.DictWriter(f, ["item_id", "statement", "label", "votes"])
         w.writeheader()
         w.writerows(rows)
     assert annotate(["import", "--blind", "--run-dir", str(run_dir), "--input", str(tmp_path / "done.csv")]) == 0
@@ -167,8 +175,13 @@ def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypat
     import i2d2.generation
 
     monkeypatch.setattr(i2d2.generation, "generate_stage", lambda *a, **k: pytest.fail("finished generation redone"))
+    first = json.loads((it / "report" / "timings.json").read_text())
     run(make_cfg(run_dir, "iteration=1"))
     assert (it / "model" / "model.safetensors").stat().st_mtime_ns == model_mtime
+    # the rerun's own (near-zero) seconds come first; what the stages took when they ran is kept
+    timings = json.loads((it / "report" / "timings.json").read_text())
+    assert timings["earlier"][-1] == {k: v for k, v in first.items() if k != "earlier"}
+    assert timings["wall_seconds"]["finetune"] < first["wall_seconds"]["finetune"]
     # a changed filter threshold redoes the filter and the fine-tuning, not the generation
     scores = sorted(x["critic_score"] for x in read_table(it / "filtered" / "scores"))
     delta = round(scores[len(scores) // 2] - 1e-6, 7)  # keeps about half

@@ -79,6 +79,29 @@ def test_tables_reject_bad_input(tmp_path):
         read_table(tmp_path / "t", columns=["a", "b"])
 
 
+def test_an_empty_table_saves_and_reads_back(tmp_path):
+    # datasets 4.x saves zero rows as zero shards and then cannot load them (a filter that keeps nothing)
+    import pyarrow as pa
+
+    save_table(tmp_path / "t", pa.table({"statement": pa.array([], pa.string()), "score": pa.array([], pa.float64())}))
+    t = read_table(tmp_path / "t", columns=["statement", "score"])
+    assert len(t) == 0 and t.column_names == ["statement", "score"]
+
+
+def test_a_filter_that_keeps_or_drops_nothing_writes_readable_tables(tmp_path):
+    for delta, n_kept in ((2.0, 0), (-1.0, None)):  # everything below δ / nothing dropped by a permissive filter
+        out = tmp_path / f"filtered_{delta}"
+        out.mkdir()
+        cfg = {**FCFG, "dedupe": False, "dedupe_by_content": False, "max_per_concept": None, "require_constraints": False,
+               "require_sentence_end": False, "drop_repeated_items": False}
+        summary, kept, dropped = filter_generations(_gens(tmp_path), out, lambda t: np.array([SCORES.get(x, 0.5) for x in t]),
+                                                    delta, cfg)
+        assert len(read_table(out / "kept")) == summary["n_kept"] and len(read_table(out / "dropped")) == summary["n_dropped"]
+        if n_kept is not None:
+            assert summary["n_kept"] == n_kept
+    assert summary["n_dropped"] in (0, 1)  # the permissive filter drops at most the empty statement
+
+
 def test_shards_with_all_null_fields_concatenate(tmp_path):
     write_arrow(tmp_path / "shard-00000.arrow", [{"a": None, "m": []}])
     write_arrow(tmp_path / "shard-00001.arrow", [{"a": "x", "m": ["y", None]}])

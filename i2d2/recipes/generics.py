@@ -856,6 +856,19 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         test = read_jsonl(test) if test.exists() else []
         pr = {"source": "critic test split (labelled generations of test concepts)", "y": [int(r["y"]) for r in test],
               "scores": [float(r["critic_score"]) for r in test]}
+    # the critic's test precision / recall at the δ the filter used: the critic's own (chosen on dev, or set by
+    # critic.delta), or task.filter.delta, at which they are recomputed from the critic's test scores
+    delta = float(filt["delta"])
+    at_delta = {"source": (critic.get("sources") or {}).get("delta", "dev"), "precision": critic.get("precision"),
+                "recall": critic.get("recall"), "n_kept": critic.get("n_kept_test")}
+    if filt.get("delta_source") == "task.filter.delta":
+        from critics.metrics import precision_recall_at
+
+        test_path = in_run(critic["model_dir"], cfg.run_dir).parent / "test_scores.jsonl"
+        test_rows = read_jsonl(test_path) if test_path.exists() else []
+        pr_at = (precision_recall_at([int(r["y"]) for r in test_rows], [float(r["critic_score"]) for r in test_rows],
+                                     delta) if test_rows else (None, None, None))
+        at_delta = {"source": "task.filter.delta", **dict(zip(("precision", "recall", "n_kept"), pr_at))}
     n_gen = int(gen.get("n_generations", len(everything)))
     acc = next((r for r in heldout_accuracy(cfg.run_dir) if r["iteration"] == k), {})  # person-judged, blind
     held = dict(held)
@@ -874,12 +887,13 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         "prompts_per_s": gen.get("prompts_per_s"),
         "critic_model": critic.get("model_dir"), "critic_reused_from": critic.get("reused_from"),
         "critic_ap": critic.get("ap"), "critic_ap_perplexity": critic.get("ap_perplexity"),
-        "critic_precision": critic.get("precision"), "critic_recall": critic.get("recall"),
-        "critic_n_kept_test": critic.get("n_kept_test"), "critic_n_test": critic.get("n_test"),
+        "critic_precision": at_delta["precision"], "critic_recall": at_delta["recall"],
+        "critic_n_kept_test": at_delta["n_kept"], "critic_n_test": critic.get("n_test"),
+        "critic_delta": critic.get("delta"),
         "critic_n_test_concepts": critic.get("n_test_concepts"), "critic_surface_ap": critic.get("surface_ap"),
         "critic_surface_auc_gap": critic.get("surface_auc_gap"), "critic_probe_shift": critic.get("probe_shift"),
         "critic_probe_ap": critic.get("probe_ap"), "critic_dev_precision": critic.get("dev_precision"),
-        "delta": float(filt["delta"]), "accepted_rate": float(filt["accepted_rate"]),
+        "delta": delta, "delta_source": at_delta["source"], "accepted_rate": float(filt["accepted_rate"]),
         "kept_fraction": float(filt["keep_rate"]), "n_kept": int(filt["n_kept"]),
         "n_dropped_constraints": filt.get("n_dropped_constraints"), "n_dropped_duplicates": filt.get("n_dropped_duplicates"),
         "human_accuracy": None if human is None else human["human_accuracy"],
@@ -970,11 +984,18 @@ def _iteration(cfg: DictConfig, k: int, ranks: Ranks, it_dir: Path, generator: s
                                                       tracker))
         result["seconds"] = round(time.time() - t0, 1)
         result["stage_seconds"] = timings
-        write_json(it_dir / "report" / "timings.json", {"wall_seconds": {"total": result["seconds"], **timings},
-                                                        "cpu_seconds": {"total": round(sum(cpu.values()), 1), **cpu}})
-        log.info("iteration %d done in %.0fs: %d generations, accepted rate %.3f, kept %d (%.3f), critic AP %s, δ=%.3f;"
-                 " report: %s", k, result["seconds"], result["n_generations"], result["accepted_rate"], result["n_kept"],
-                 result["kept_fraction"], result["critic_ap"], result["delta"], result["report"])
+        # this invocation's seconds; earlier invocations' stay under "earlier" (a rerun that finds every stage
+        # finished takes ~0 s a stage and must not erase what the stages took when they ran)
+        tpath = it_dir / "report" / "timings.json"
+        old = json.loads(tpath.read_text(encoding="utf-8")) if tpath.exists() else None
+        earlier = [] if old is None else old.pop("earlier", []) + [old]
+        write_json(tpath, {"wall_seconds": {"total": result["seconds"], **timings},
+                           "cpu_seconds": {"total": round(sum(cpu.values()), 1), **cpu}, "earlier": earlier})
+        ap = result["critic_ap"]
+        log.info("iteration %d done in %.0fs: %d generations, accepted rate %.3f, kept %d (%.3f), critic AP %s, "
+                 "δ=%.3f (%s); report: %s", k, result["seconds"], result["n_generations"], result["accepted_rate"],
+                 result["n_kept"], result["kept_fraction"], "–" if ap is None else f"{ap:.3f}", result["delta"],
+                 result["delta_source"], result["report"])
     _barrier(ranks)
     return result
 

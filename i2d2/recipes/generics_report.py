@@ -183,6 +183,11 @@ def history(run_dir: Path, upto: int) -> list[dict]:
     return out
 
 
+# where the filter's δ came from (metrics' delta_source) -> its row in the report
+_DELTA_LABEL = {"dev": "δ — chosen on the dev split", "critic.delta": "δ — set by critic.delta (not chosen on data)",
+                "task.filter.delta": "δ — set by task.filter.delta (not chosen on data)"}
+
+
 def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: Sequence[Mapping],
                     pr_png: str | None) -> str:
     k = m["iteration"]
@@ -205,7 +210,7 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
         (f"surface-only floor AP — test split (critic must beat it by ≥ {margin_text(m.get('critic_surface_ap'))})",
          m.get("critic_surface_ap")),
         ("LM-perplexity AP — test split", m.get("critic_ap_perplexity")),
-        ("δ — chosen on the dev split", m["delta"]),
+        (_DELTA_LABEL.get(m.get("delta_source", "dev"), "δ"), m["delta"]),
         ("critic precision / recall at δ — test split (kept / labelled)",
          f"{_fmt(m.get('critic_precision'))} / {_fmt(m.get('critic_recall'))} "
          f"({_fmt(m.get('critic_n_kept_test'))} / {_fmt(m.get('critic_n_test'))})"),
@@ -231,7 +236,7 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
     lines += [f"| {a} | {_fmt(b)} |" for a, b in rows]
     if len(hist) > 1:
         lines += ["", "## All iterations", "",
-                  "| iteration | generations | constraint sat. | critic AP (test) | δ (dev) | accepted rate (critic proxy) "
+                  "| iteration | generations | constraint sat. | critic AP (test) | δ | accepted rate (critic proxy) "
                   "| person-judged accuracy, held-out (blind) | kept | Self-BLEU kept | Self-BLEU held-out | unique (MnR) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for h in hist:
