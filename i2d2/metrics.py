@@ -8,16 +8,17 @@ from collections import Counter
 import numpy as np
 
 
-def self_bleu(texts: list[str], max_order: int = 4) -> float:
+def self_bleu(texts: list[str], max_order: int = 4) -> float | None:
     """Mean BLEU-``max_order`` of each text against all the others as references (Zhu et al. 2018).
 
     Lower is more diverse. Uses sacrebleu's sentence BLEU with uniform weights up to ``max_order``
-    and exponential smoothing; returns a value in [0, 1]. Fewer than two texts: 0.
+    and exponential smoothing; returns a value in [0, 1]. Fewer than two texts: None (undefined; a 0 would read
+    as perfectly diverse).
     """
     from sacrebleu.metrics import BLEU
 
     if len(texts) < 2:
-        return 0.0
+        return None
     bleu = BLEU(max_ngram_order=max_order, effective_order=True)
     scores = [bleu.sentence_score(t, texts[:i] + texts[i + 1:]).score for i, t in enumerate(texts)]
     return float(np.mean(scores) / 100.0)

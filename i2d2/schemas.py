@@ -104,6 +104,20 @@ class CriticConfig:
     min_examples: int = 20
     keep_checkpoints: bool = False
     ckpt_every_n_steps: int = 50  # last.ckpt cadence: a killed training resumes from it
+
+    def __post_init__(self):
+        for k in ("target_precision", "target_recall"):
+            if not 0.0 < float(getattr(self, k)) <= 1.0:
+                raise ValueError(f"critic.{k}: must be in (0, 1], got {getattr(self, k)!r}")
+        if self.delta is not None and not 0.0 <= float(self.delta) < 1.0:
+            raise ValueError(f"critic.delta: must be null (chosen on dev) or in [0, 1), got {self.delta!r}")
+        for k in ("dev_fraction", "test_fraction"):
+            if not 0.0 < float(getattr(self, k)) < 1.0:
+                raise ValueError(f"critic.{k}: must be in (0, 1), got {getattr(self, k)!r}")
+        if self.dev_fraction + self.test_fraction >= 1.0:
+            raise ValueError("critic.dev_fraction + critic.test_fraction: must leave concepts to train on (< 1)")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"critic.on_error: must be raise or skip, got {self.on_error!r}")
     perplexity_batch_size: int = 16
     perplexity_per: str = "word"  # the baseline ranker's perplexity unit (word | token)
     # raw label (normalised: lower case, punctuation -> _) -> 1 valid, 0 invalid, None dropped;

@@ -328,6 +328,14 @@ def test_missing_previous_iteration_and_bad_config(tmp_path):
         "decoding.beam_size=0": "decoding.beam_size",
         "iteration=-1": "iteration",
         "trainer=deepspeed_stage2": "DeepSpeed.*needs a CUDA GPU",
+        # ranges that once passed silently (a ratio of 150 switched near-duplicates off, a cap of 0 meant no cap)
+        "task.filter.near_duplicate_ratio=150": "task.filter.near_duplicate_ratio",
+        "task.filter.max_per_concept=0": "task.filter.max_per_concept",
+        "task.filter.max_per_frame=0": "task.filter.max_per_frame",
+        "task.heldout.prompts_per_concept=0": "task.heldout.prompts_per_concept",
+        "critic.target_precision=1.5": "critic.target_precision",
+        "critic.delta=1": "critic.delta",
+        "critic.test_fraction=0.9": "critic.dev_fraction \\+ critic.test_fraction",
     }
     for override, msg in bad.items():
         with pytest.raises(ConfigError, match=msg):

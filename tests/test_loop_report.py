@@ -66,3 +66,13 @@ def test_markdown_report_lists_iterations_and_samples():
     assert "does not beat" not in md2  # no surface AP: no floor warning
     md3 = render_markdown(dict(m, critic_ap=0.6, critic_surface_ap=0.5), sample, [m], None)
     assert "Warning: the critic's test AP 0.600 does not beat the surface-only floor 0.500" in md3
+
+
+def test_self_bleu_of_fewer_than_two_statements_is_undefined_and_reads_as_such():
+    from i2d2.recipes.generics_report import _esc, diversity
+
+    one = diversity([{"statement": "Dogs bark.", "concept": "dog"}], sample=200)
+    assert one["self_bleu"] is None  # a 0.0 would read as perfectly diverse
+    two = diversity([{"statement": "Dogs bark.", "concept": "dog"}, {"statement": "Dogs bark loudly.", "concept": "dog"}])
+    assert 0 < two["self_bleu"] <= 1
+    assert _esc("Dogs\x13 bark | loudly\n") == "Dogs\\x13 bark \\| loudly "

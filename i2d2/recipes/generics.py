@@ -105,6 +105,23 @@ def check_config(cfg: DictConfig) -> None:
          f"must be null (use the critic's δ) or a number in [0, 1), got {d!r}")
     need(_get(t, "filter.truncate", "sentence") in ("none", "newline", "sentence"), "task.filter.truncate",
          f"must be none, newline or sentence, got {_get(t, 'filter.truncate')!r}")
+    r = _get(t, "filter.near_duplicate_ratio")
+    need(r is None or (isinstance(r, (int, float)) and 0 < r <= 100), "task.filter.near_duplicate_ratio",
+         f"must be null (exact duplicates only) or a rapidfuzz ratio in (0, 100], got {r!r}")
+    for key in ("max_per_frame", "max_per_concept"):
+        v = _get(t, f"filter.{key}")
+        need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1), f"task.filter.{key}",
+             f"must be null (no limit) or an integer >= 1, got {v!r}")
+    if t.get("heldout"):
+        v = _get(t, "heldout.prompts_per_concept", 2)
+        need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "task.heldout.prompts_per_concept",
+             f"must be an integer >= 1, got {v!r}")
+    try:
+        from i2d2.schemas import CriticConfig, fill
+
+        fill(CriticConfig, cfg.critic, where="critic")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     # types and key names: i2d2/schemas.py (checked at composition); here the ranges
     ft = t.finetune
     need(ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.lr!r}")

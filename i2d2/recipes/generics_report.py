@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -171,7 +172,9 @@ def _fmt(v, digits: int = 3) -> str:
 
 
 def _esc(s) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
+    # a generation's control characters (a stray \x13 from a byte-level tokenizer) show as escapes, not blanks
+    s = str(s).replace("|", "\\|").replace("\n", " ")
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
 def history(run_dir: Path, upto: int) -> list[dict]:
