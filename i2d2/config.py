@@ -79,6 +79,24 @@ class UnknownKeyError(ValueError):
     """A config key that nothing reads (a typo would otherwise run the default, silently, until a late stage)."""
 
 
+class ConfigError(ValueError):
+    """A bad setting; the message names the config field."""
+
+
+def need(cond, field: str, msg: str) -> None:
+    """A recipe's start-up value check: ConfigError('<field>: <msg>') unless ``cond``."""
+    if not cond:
+        raise ConfigError(f"{field}: {msg}")
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class ConfigTypeError(ValueError):
+    """A value that cannot be what its key's shipped default stands for (a string where a number belongs)."""
+
+
 def _schema(group: str, recipe: str | None = None) -> dict:
     """The union of the keys the shipped conf/<group>/*.yaml files define: for ``task``, the task files of the
     same recipe (their ``task:`` node); for another group, the whole files plus what task files set in it."""
@@ -93,31 +111,60 @@ def _schema(group: str, recipe: str | None = None) -> dict:
     if group != "task":
         for path in sorted((CONF_DIR / "task").glob("*.yaml")):
             _merge(schema, OmegaConf.to_container(OmegaConf.load(path), resolve=False).get(group) or {})
+        return schema
+    # task keys that other shipped files set: option groups packaged into the task node (``# @package
+    # task.pretrain``: cmp/pretrain/*.yaml) and the experiment presets' task sections
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        if path.parent == CONF_DIR / "task":
+            continue
+        head = path.read_text(encoding="utf-8").split("\n", 1)[0].strip()
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+        if head.startswith("# @package task"):
+            for part in reversed(head[len("# @package "):].split(".")[1:]):
+                node = {part: node}
+            _merge(schema, node, keep_free=True)
+        elif path.is_relative_to(CONF_DIR / "experiment"):
+            _merge(schema, {k: v for k, v in (node.get("task") or {}).items() if k not in ("name", "recipe")},
+                   keep_free=True)
     return schema
 
 
-def _merge(into: dict, node: dict) -> None:
+def _merge(into: dict, node: dict, keep_free: bool = False) -> None:
+    """``node``'s keys into ``into``; with ``keep_free``, a section ``into`` leaves free-form (an empty or null
+    default: typed by i2d2/schemas.py, or open) stays free-form."""
     for k, v in node.items():
+        if keep_free and k in into and not into[k] and isinstance(into[k], (dict, type(None))):
+            continue
         if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
+            _merge(into[k], v, keep_free)
         elif isinstance(v, dict) and v:
             into[k] = dict(v)
         else:
             into.setdefault(k, v)
 
 
-def _unknown_keys(node, schema: dict, where: str) -> list[str]:
+def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> list[str]:
+    """Keys of ``node`` that ``schema`` (the shipped defaults) does not define; with ``wrong``, also collect the
+    values that cannot be what a numeric or boolean default stands for (``lr=1e-2x`` reaches a stage as a string)."""
     out = []
     for k, v in node.items():
         if k not in schema:
             out.append(f"{where}.{k}")
         elif isinstance(schema[k], dict) and schema[k] and isinstance(v, dict):
-            out += _unknown_keys(v, schema[k], f"{where}.{k}")  # an empty or null default is free-form
+            out += _unknown_keys(v, schema[k], f"{where}.{k}", wrong)  # an empty or null default is free-form
+        elif wrong is not None and v is not None and not (isinstance(v, str) and v.startswith("${")):
+            d = schema[k]
+            if isinstance(d, bool) and not isinstance(v, bool):
+                wrong.append(f"{where}.{k}={v!r} (expected true or false)")
+            elif isinstance(d, (int, float)) and not isinstance(d, bool) and (
+                    isinstance(v, bool) or not isinstance(v, (int, float))):
+                wrong.append(f"{where}.{k}={v!r} (expected a number, like its default {d!r})")
     return out
 
 
-# sections without a structured config (i2d2/schemas.py types the others at composition)
-CHECKED_SECTIONS = ("task.filter",)
+# sections without a structured config (i2d2/schemas.py types the others at composition): the whole task node,
+# against the shipped task files of the same recipe (typed sub-sections there are empty, hence free-form)
+CHECKED_SECTIONS = ("task",)
 
 
 def _typed_unknown_keys(node, where: str, out: dict) -> None:
@@ -149,7 +196,7 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
     shipped YAML files (every key a stage reads has a documented default there), a ``task.*`` section against the
     task files with the same ``task.recipe``, and skipped for a recipe no shipped file uses."""
     recipe = OmegaConf.select(cfg, "task.recipe")
-    bad, known = [], {}
+    bad, known, wrong = [], {}, []
     typed: dict = {}
     _typed_unknown_keys(cfg, "", typed)
     for where, (extra, fields_) in typed.items():
@@ -165,10 +212,12 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
             schema = schema.get(part) if isinstance(schema, dict) else None
         if not schema:
             continue
-        found = _unknown_keys(OmegaConf.to_container(node, resolve=False), schema, section)
+        found = _unknown_keys(OmegaConf.to_container(node, resolve=False), schema, section, wrong)
         if found:
-            bad += found
+            bad += [f for f in found if f not in bad]
             known[section] = [k for k in OmegaConf.to_container(node, resolve=False) if f"{section}.{k}" not in found]
+    if wrong:
+        raise ConfigTypeError(f"config value(s) of the wrong type: {', '.join(dict.fromkeys(wrong))}")
     if bad:
         raise UnknownKeyError(f"unknown config key(s): {', '.join(bad)} (not defined by i2d2/schemas.py or any shipped "
                               f"config under {CONF_DIR}; check the spelling). Known keys: "

@@ -173,6 +173,13 @@ class NegverseGenerate:
     top_p: float = 0.9
     temperature: float = 0.8
 
+    def __post_init__(self):
+        for k in ("num_candidates", "batch_size", "max_new_tokens"):
+            if int(getattr(self, k)) < 1:
+                raise ValueError(f"generate.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
+        if not 0 < self.top_p <= 1 or self.temperature <= 0:
+            raise ValueError(f"generate.top_p must be in (0, 1] and temperature > 0, got {self.top_p!r} / {self.temperature!r}")
+
 
 @dataclass
 class NegverseMasking:
@@ -180,6 +187,15 @@ class NegverseMasking:
     max_blanks: int = 2
     max_variants: int = 6  # masked versions per sentence at generation, incl. the whole sentence (paper: 6)
     min_two_blank: int = 1  # of those, kept for two-blank variants where the parse offers two disjoint spans
+
+    def __post_init__(self):
+        from i2d2.negverse.masking import RULES
+
+        unknown = sorted(set(self.rules) - set(RULES))
+        if unknown or not self.rules:
+            raise ValueError(f"masking.rules: unknown or no rule(s) {unknown}; known: {list(RULES)}")
+        if self.max_blanks < 1 or self.max_variants < 1 or self.min_two_blank < 0:
+            raise ValueError("masking: max_blanks and max_variants must be >= 1, min_two_blank >= 0")
 
 
 @dataclass
@@ -189,10 +205,20 @@ class NegverseFilters:
     require_cue: bool = True
     grammar: bool = True  # drop candidates whose negation cue the parse puts where English does not (filters.py)
 
+    def __post_init__(self):
+        if not 0 < self.max_distance <= 1 or self.max_len_ratio < 1:
+            raise ValueError(f"filters: max_distance must be in (0, 1] and max_len_ratio >= 1, got "
+                             f"{self.max_distance!r} / {self.max_len_ratio!r}")
+
 
 @dataclass
 class NegverseTrainMasking(NegverseMasking):
     train_max_variants: int = 4  # masked versions per training pair
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.train_max_variants < 1:
+            raise ValueError(f"masking.train_max_variants: must be >= 1, got {self.train_max_variants!r}")
 
 
 @dataclass
@@ -200,6 +226,10 @@ class NegationOptions(NegverseGenerate, NegverseMasking, NegverseFilters):
     """Everything ``i2d2.negverse.pipeline.negate`` takes: the recipe's generate / masking / filters sections."""
 
     seed: int = 0
+
+    def __post_init__(self):
+        for base in (NegverseGenerate, NegverseMasking, NegverseFilters):
+            base.__post_init__(self)
 
 
 # (group, name, node): ``conf/<group>/*.yaml`` lists ``<name>`` first in its defaults; ``schema/*`` nodes are placed

@@ -134,6 +134,11 @@ class Tracker:
         return True
 
     def finish(self) -> None:
+        # Lightning's CSV logger buffers rows until its fit saves them: what the run logs after its last fit (the
+        # evaluation, the report's numbers) is written here, or it would never reach metrics.csv
+        for logger in self.loggers:
+            if not is_wandb(logger):
+                logger.save()
         if self.is_wandb:
             import wandb
 

@@ -19,8 +19,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from i2d2 import config  # noqa: F401  (registers the ${i2d2.*} resolvers before Hydra composes)
 
-# (config key, model kind) of the model names a run may load; each is checked before anything loads
-MODEL_KEYS = (("model.name", "causal LM"), ("critic.name", "classifier"), ("task.model", "seq2seq"))
+# (key, kind, values that name no model): every model name a recipe loads, checked before any model loads
+MODEL_KEYS = (("model.name", "causal LM", ()), ("critic.name", "classifier", ()), ("task.model", "seq2seq", ()),
+              ("task.filters.contradiction.scorer", "contradiction scorer (offline, cross_encoder or an NLI model)",
+               ("offline", "cross_encoder")),
+              ("task.filters.dedup.encoder", "sentence encoder", ()), ("task.qa.evaluate.model", "causal LM", ()))
 
 
 def check_start(cfg: DictConfig) -> None:
@@ -28,9 +31,9 @@ def check_start(cfg: DictConfig) -> None:
     from i2d2.models import check_model_name
 
     config.check_keys(cfg)
-    for key, kind in MODEL_KEYS:
+    for key, kind, not_models in MODEL_KEYS:
         name = OmegaConf.select(cfg, key)
-        if isinstance(name, str):
+        if isinstance(name, str) and name not in not_models:
             check_model_name(name, kind, key)
 
 

@@ -392,6 +392,10 @@ CLI_CASES = [
     ("python -m i2d2.train model.name=nonexistent", ["model.name=nonexistent"], r"Cannot resolve causal LM model 'nonexistent'"),
     ("python -m i2d2.train +task.filter.dleta=0.5", ["+task.filter.dleta=0.5"], r"unknown config key\(s\): task\.filter\.dleta"),
     ("python -m i2d2.train task.filter.delta=2", ["task.filter.delta=2"], r"task\.filter\.delta: must be null"),
+    ("python -m i2d2.train task=negverse task.train.lr=1e-2x", ["task=negverse", "task.train.lr=1e-2x"],
+     r"error: config value\(s\) of the wrong type: task\.train\.lr='1e-2x'"),
+    ("python -m i2d2.train task=comparatives task.qa.source=nc_small", ["task=comparatives", "task.qa.source=nc_small"],
+     r"error: task\.qa\.source: must be one of the cuts"),
     *((f"python -m i2d2.train task={t} trainer=ddp trainer.devices=2",  # one-process recipes: no racing ranks
        ["experiment=smoke", f"task={t}", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
        rf"trainer\.devices: task={t} runs in one process, and this trainer config asks for 2")

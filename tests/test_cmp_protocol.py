@@ -263,3 +263,16 @@ def test_seed_aggregate_mean_and_std(tmp_path):
     assert "| pretrained | 20.00 ± 10.00 | 25.00 ± 10.00 | 3 |" in markdown(load_reports(dirs))
     with pytest.raises(DataError, match="no CMP report"):
         load_reports([tmp_path / "missing"])
+    # one run has no spread (not 0.00); the same run twice, two runs of one seed, or another task's run: refused
+    assert zero_shot_table(load_reports(dirs[:1]))["pretrained"]["em"] == (10.0, None, 1)
+    assert "| pretrained | 10.00 ± – | 15.00 ± – | 1 |" in markdown(load_reports(dirs[:1]))
+    with pytest.raises(DataError, match="given twice"):
+        load_reports([dirs[0], dirs[1], dirs[0]])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "report.json").write_text(json.dumps({"seed": 1, "kept": 3}))
+    with pytest.raises(DataError, match="not a CMP run's report"):
+        load_reports([dirs[0], tmp_path / "other"])
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "report.json").write_text((dirs[1] / "report.json").read_text())
+    with pytest.raises(DataError, match="same seed"):
+        load_reports([dirs[1], tmp_path / "again"])

@@ -70,6 +70,11 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path):
                  "task.downstream.seeds=[0]", "task.downstream.lr_grid=[1e-4]",
                  "task.downstream.allow_fewer_shots=true",
                  "task.keep_checkpoints=true"]
+    from i2d2.recipes.cmp import BUNDLED
+
+    diffen = tmp_path.parent / f"{tmp_path.name}_diffen_dev.jsonl"  # a user's copy of an evaluation file
+    diffen.write_text((BUNDLED / "fixtures" / "diffen_dev.jsonl").read_text())
+    overrides.append(f"data.downstream.diffen.eval_path={diffen}")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
     summary = run(cfg)
@@ -99,6 +104,10 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path):
     (tmp_path / "eval" / "_DONE.json").unlink()
     assert run(cfg)["pretrain"]["steps"] == 2
     assert (tmp_path / "pretrain" / "initial_val.json").exists()
+    # an edited evaluation file is a new input: the downstream stage is redone on its rows (the path is the same)
+    n_before = summary["downstream"]["diffen_pretrained_k0"]["metrics"]["n"]
+    diffen.write_text(diffen.read_text().splitlines(keepends=True)[0])
+    assert n_before > 1 and run(cfg)["downstream"]["diffen_pretrained_k0"]["metrics"]["n"] == 1
 
 
 def test_data_to_text_realiser_plugs_in_by_config():

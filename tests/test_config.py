@@ -78,3 +78,54 @@ def test_cli_prints_resolved_config_and_rejects_unknown_keys():
     bad = subprocess.run([sys.executable, "-m", "i2d2.train", "--cfg", "job", "itteration=2"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode != 0 and "itteration" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- start-up value checks, every task
+
+def _start(overrides):
+    from i2d2.train import check_recipe, check_start
+
+    cfg = _compose(overrides)
+    check_start(cfg)
+    check_recipe(cfg)
+
+
+@pytest.mark.parametrize("overrides", [[f"task={t}"] for t in ("i2d2", "comparatives", "cmp", "negverse")]
+                         + [["experiment=smoke", f"task={t}"] for t in ("i2d2", "comparatives", "cmp", "negverse")]
+                         + [[f"experiment={e}"] for e in ("paper_cmp", "paper_comparatives", "paper_negverse")]
+                         + [["task=cmp", "cmp/pretrain=paper", "cmp/variant=cmp_qa"]], ids=str)
+def test_shipped_configs_pass_the_start_up_checks(overrides):
+    _start(overrides)
+
+
+# each once reached its stage, removed that stage's earlier output and then failed (or ran with the value ignored)
+BAD_VALUES = [
+    (["task=negverse", "task.train.lr=1e-2x"], r"task\.train\.lr='1e-2x' \(expected a number"),
+    (["task=negverse", "+task.train.max_stepz=3"], r"unknown config key\(s\): task\.train\.max_stepz"),
+    (["task=negverse", "task.masking.rules=[verb,foo]"], r"task\.masking\.rules: unknown or no rule\(s\) \['foo'\]"),
+    (["task=negverse", "task.generate.num_candidates=0"], r"task\.generate\.num_candidates: must be an integer >= 1"),
+    (["task=negverse", "task.train.val_fraction=1.5"], r"task\.train\.val_fraction: must be in \(0, 1\)"),
+    (["task=negverse", "task.cue_tagger_mode=replce"], r"task\.cue_tagger_mode: must be union or replace"),
+    (["task=cmp", "task.pretrain.lr=abc"], r"task\.pretrain\.lr='abc'"),
+    (["task=cmp", "task.mix.qa=abc"], r"task\.mix\.qa='abc'"),
+    (["task=cmp", "+task.pretrain.lrr=1"], r"unknown config key\(s\): task\.pretrain\.lrr"),
+    (["task=comparatives", "task.max_passes=0"], r"task\.max_passes: must be null"),
+    (["task=comparatives", "data.prompt_filter.drop_fraction=1.5"], r"data\.prompt_filter\.drop_fraction"),
+    (["task=comparatives", "task.filters.dedup.distance_threshold=abc"], r"task\.filters\.dedup\.distance_threshold='abc'"),
+    (["task=comparatives", "+task.filters.dedup.lnkage=single"], r"unknown config key\(s\): task\.filters\.dedup\.lnkage"),
+    (["task=comparatives", "task.filters.discriminator.cuts.nc_s=0"], r"task\.filters\.discriminator\.cuts\.nc_s"),
+    (["task=comparatives", "task.qa.evaluate.length_norm=chars"], r"task\.qa\.evaluate: .*length_norm"),
+    (["task=comparatives", "task.qa.source=nc_small"], r"task\.qa\.source: must be one of the cuts"),
+    (["task=comparatives", "data.classes=/nonexistent/classes.tsv"], r"data\.classes: entity class file not found"),
+    (["task=comparatives", "task.filters.contradiction.scorer=offlin"], r"'offlin' \(set by task\.filters\.contradiction\.scorer\)"),
+    (["task=comparatives", "task.filters.dedup.encoder=packaged:minlm"], r"\(set by task\.filters\.dedup\.encoder\)"),
+    (["task=comparatives", "task.qa.evaluate.model=nonexistent"], r"\(set by task\.qa\.evaluate\.model\)"),
+    (["task.filter.near_duplicate_ratio=150"], r"task\.filter\.near_duplicate_ratio"),
+    (["critic.target_precision=1.5"], r"critic\.target_precision: must be in \(0, 1\]"),
+]
+
+
+@pytest.mark.parametrize("overrides,pattern", BAD_VALUES, ids=[" ".join(o) for o, _ in BAD_VALUES])
+def test_bad_values_fail_at_start_up_naming_the_key(overrides, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        _start(overrides)

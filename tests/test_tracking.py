@@ -146,3 +146,13 @@ def test_every_recipe_opens_the_same_tracker(tmp_path, task):
     assert f"{task}/n" in metrics and f"{task}/nested/p" in metrics and "flag" not in metrics
     assert json.loads((tmp_path / "out" / "report.json").read_text())["n"] == 3
     assert (tmp_path / "out" / "report.md").read_text() == "# r\n"
+
+
+def test_metrics_logged_after_the_last_fit_reach_the_csv_when_the_run_finishes(tmp_path):
+    # Lightning's CSV logger buffers rows until a fit saves them; a recipe's evaluation and report numbers come after
+    cfg = _cfg(tmp_path / "run", "logger=csv")
+    tracker = Tracker(build_logger(cfg.logger, config=cfg), tmp_path)
+    tracker.log_metrics({"negverse/eval/keep_rate": 0.25}, step=0)
+    tracker.finish()
+    csv_files = list((tmp_path / "run").rglob("metrics.csv"))
+    assert len(csv_files) == 1 and "negverse/eval/keep_rate" in csv_files[0].read_text().splitlines()[0]

@@ -17,13 +17,24 @@ from i2d2.io import DataError
 
 
 def load_reports(run_dirs) -> list[dict]:
-    reports = []
+    reports, seen = [], {}
     for d in run_dirs:
         path = Path(d) / "report.json"
         if not path.exists():
             raise DataError(f"{path}: no CMP report (has the run finished?)")
-        reports.append(json.loads(path.read_text()))
+        if path.resolve() in seen:
+            raise DataError(f"{d}: given twice (also as {seen[path.resolve()]})")
+        seen[path.resolve()] = d
+        report = json.loads(path.read_text())
+        missing = [k for k in ("zero_shot", "splits") if k not in report]
+        if missing:
+            raise DataError(f"{path}: not a CMP run's report (no {', '.join(missing)}); task=cmp writes one")
+        reports.append(report)
+    seeds = [r.get("seed") for r in reports]
+    if len(set(seeds)) < len(seeds):
+        raise DataError(f"runs with the same seed {seeds}: the spread over seeds needs one run per seed")
     return reports
+
 
 
 def zero_shot_table(reports: list[dict]) -> dict:
@@ -34,7 +45,7 @@ def zero_shot_table(reports: list[dict]) -> dict:
         out[m] = {}
         for metric in ("em", "f1"):
             v = np.array([r["zero_shot"][m][metric] for r in reports], dtype=float)
-            out[m][metric] = (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v))
+            out[m][metric] = (float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else None, len(v))
     return out
 
 
@@ -49,8 +60,8 @@ def markdown(reports: list[dict]) -> str:
     for m, v in zero_shot_table(reports).items():
         answers = {r["zero_shot"][m].get("answer") for r in reports} - {None}
         name = f"{m} ({'/'.join(map(repr, sorted(answers)))})" if answers else m
-        lines.append(f"| {name} | {v['em'][0]:.2f} ± {v['em'][1]:.2f} | {v['f1'][0]:.2f} ± {v['f1'][1]:.2f} "
-                     f"| {v['em'][2]} |")
+        em, f1 = (f"{v[k][0]:.2f} ± " + ("–" if v[k][1] is None else f"{v[k][1]:.2f}") for k in ("em", "f1"))
+        lines.append(f"| {name} | {em} | {f1} | {v['em'][2]} |")
     return "\n".join(lines) + "\n"
 
 

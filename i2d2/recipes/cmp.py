@@ -389,7 +389,11 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
     summary["zero_shot"] = run_stage(run_dir / "eval", fp_eval,
                                      lambda d: zero_shot_eval(cfg, splits, summaries, model_dir, d, tracker), "eval")
     if t.downstream.datasets:
-        fp_ds = fingerprint(fp_pre, _container(t.downstream), _container(cfg.data.downstream))
+        # the bytes of every file the chosen datasets read, not only their paths: an edited file is a new input
+        ds_cfg = _container(cfg.data.downstream)
+        ds_files = [resolve_path(ds_cfg.get(name, {}).get(k)) for name in t.downstream.datasets
+                    for k in ("eval_path", "train_path", "dev_path")]
+        fp_ds = fingerprint(fp_pre, _container(t.downstream), ds_cfg, *[f for f in ds_files if f is not None])
         summary["downstream"] = run_stage(run_dir / "downstream", fp_ds,
                                           lambda d: downstream(cfg, model_dir, d, tracker), "downstream")
     publish_report(run_dir, summary, _report(summary), tracker, prefix="cmp")

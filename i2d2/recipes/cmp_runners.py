@@ -115,7 +115,7 @@ def _mean_std(runs: list[dict]) -> tuple[dict, dict]:
     keys = [k for k, v in runs[0].items() if k != "n" and isinstance(v, (int, float))]
     vals = {k: np.array([r[k] for r in runs], dtype=float) for k in keys}
     return ({k: float(v.mean()) for k, v in vals.items()},
-            {k: float(v.std(ddof=1)) if len(v) > 1 else 0.0 for k, v in vals.items()})
+            {k: float(v.std(ddof=1)) if len(v) > 1 else None for k, v in vals.items()})  # one seed: undefined
 
 
 def run_downstream(model_loader, dataset: dict, k, trainer_cfg, protocol: dict,

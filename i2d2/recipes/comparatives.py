@@ -24,6 +24,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
+from i2d2.config import ConfigError
 from i2d2.comparatives import filters as F
 from i2d2.comparatives.entities import BUNDLED, UNCOUNTABLE, load_classes
 from i2d2.comparatives.frequency import FrequencyFilter, filter_obscure
@@ -50,6 +51,44 @@ def _df(path: Path) -> pd.DataFrame:
 
 def _write_df(path: Path, df: pd.DataFrame) -> None:
     write_jsonl(path, df.to_dict("records"))
+
+
+# ----------------------------------------------------------------------------- start-up checks
+
+def check_config(cfg) -> None:
+    """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
+    on them only after the stages before it, and after removing its own earlier output)."""
+    from i2d2.comparatives.qa_eval import QAEvalConfig
+    from i2d2.config import is_int, need
+
+    task, data = cfg.task, cfg.data
+    mp = task.get("max_passes")
+    need(mp is None or (is_int(mp) and mp >= 1), "task.max_passes", f"must be null (all 30) or an integer >= 1, got {mp!r}")
+    df = data.prompt_filter.drop_fraction
+    need(0 <= df < 1, "data.prompt_filter.drop_fraction", f"must be in [0, 1), got {df!r}")
+    dd = task.filters.dedup
+    need(dd.distance_threshold >= 0, "task.filters.dedup.distance_threshold", f"must be >= 0, got {dd.distance_threshold!r}")
+    need(dd.linkage in ("single", "complete", "average"), "task.filters.dedup.linkage",
+         f"must be single, complete or average, got {dd.linkage!r}")
+    need(is_int(task.filters.contradiction.k) and task.filters.contradiction.k >= 1, "task.filters.contradiction.k",
+         f"must be an integer >= 1, got {task.filters.contradiction.k!r}")
+    disc = task.filters.discriminator
+    cuts = _plain(disc.cuts) or {}
+    for name, frac in cuts.items():
+        need(isinstance(frac, (int, float)) and 0 < frac <= 1, f"task.filters.discriminator.cuts.{name}",
+             f"must be a kept fraction in (0, 1], got {frac!r}")
+    if disc.enabled:  # without the discriminator the QA comes from every statement that passed the filters
+        need(bool(cuts), "task.filters.discriminator.cuts", "must name at least one cut")
+        need(task.qa.source in cuts, "task.qa.source", f"must be one of the cuts {sorted(cuts)}, got {task.qa.source!r}")
+    try:
+        QAEvalConfig(**{k: v for k, v in _plain(task.qa.evaluate).items() if k not in ("enabled", "model")})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"task.qa.evaluate: {e}") from None
+    try:  # the entity classes: a missing, empty or malformed file named with its line now, not after the LM loads
+        load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
+                     int(data.wikidata.max_depth))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"data.classes: {e}") from None
 
 
 # ----------------------------------------------------------------------------- stages
@@ -346,6 +385,8 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     metrics["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     if disc is not None:
         metrics["critic"] = disc["critic"]
+    qa_src = task.qa.source if disc is not None else "nc"  # (check_config: the source is one of the cuts)
+    metrics["qa_source"] = qa_src
     write_json(it / "metrics.json", metrics)
     if tracker is not None:
         tracker.log_metrics({f"{n}/{k}": v for n, m in sets.items() for k, v in metrics[n].items()
@@ -354,7 +395,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
                           [[s, c.get("in"), c.get("out")] for s, c in counts.items()])
 
     # ---- ComparativeQA export (App. E.2) from the chosen set
-    qa_src = task.qa.source if task.qa.source in sets else next(iter(sets))
+    log.info("ComparativeQA from %s (%d statements)", qa_src, len(sets[qa_src]))
     qa = export_qa(sets[qa_src].to_dict("records"), balance=bool(task.qa.balance), seed=int(cfg.seed))
     write_jsonl(it / "comparative_qa.jsonl", qa)
     if task.qa.evaluate.enabled:
@@ -423,7 +464,8 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
     if c:
         lines += _discriminator_lines(c)
     lines += ["", "## Samples", ""] + [f"- {r.statement} (S={r.score:.3f})" for r in samples.itertuples()]
-    lines += ["", "## ComparativeQA", ""] + [f"- {q['text']}" for q in qa]
+    lines += ["", "## ComparativeQA", "", f"From `{metrics.get('qa_source', '–')}` ({len(qa)} items).", ""]
+    lines += [f"- {q['text']}" for q in qa]
     e = metrics.get("comparative_qa")
     if e:
         who = f"{e['model']}" + (" (the generator, on QA from its own output)" if e["model_is_generator"] else "")

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
+from i2d2.config import ConfigError, need
 from i2d2.concepts import data_files
 from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, read_table, \
     run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
@@ -65,10 +66,6 @@ TASK_KEYS = {"name", "recipe", "max_prompts", "prompt_sampling", "critic", "filt
              "heldout"}
 
 
-class ConfigError(ValueError):
-    """A bad setting; the message names the config field."""
-
-
 class MissingIterationError(FileNotFoundError):
     """iteration=k asked for, but iteration k-1's model is not in run_dir."""
 
@@ -84,10 +81,6 @@ def check_config(cfg: DictConfig) -> None:
     """Fail before any work, naming the field, for settings the loop cannot run."""
     from i2d2.lightning_setup import check_trainer_cfg
     from i2d2.schemas import DecodingConfig
-
-    def need(cond, field, msg):
-        if not cond:
-            raise ConfigError(f"{field}: {msg}")
 
     it, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
     need(isinstance(it, int) and not isinstance(it, bool) and it >= 0, "iteration", f"must be an integer >= 0, got {it!r}")

@@ -28,6 +28,32 @@ log = logging.getLogger(__name__)
 ONE_PROCESS = True
 
 
+def check_config(cfg) -> None:
+    """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
+    on them only after removing its own earlier output)."""
+    from i2d2.config import ConfigError, is_int, need
+    from i2d2.schemas import NegverseFilters, NegverseGenerate, NegverseTrainMasking, fill
+
+    t = cfg.task
+    for key, schema in (("generate", NegverseGenerate), ("masking", NegverseTrainMasking), ("filters", NegverseFilters)):
+        try:
+            fill(schema, t[key], where=f"task.{key}")
+        except (TypeError, ValueError) as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith("task.") else f"task.{msg}") from None
+    tr = t.train
+    need(tr.lr > 0 and tr.new_token_lr >= 0, "task.train.lr", f"must be > 0 (new_token_lr >= 0), got {tr.lr!r}")
+    need(0 < tr.val_fraction < 1, "task.train.val_fraction", f"must be in (0, 1), got {tr.val_fraction!r}")
+    need(is_int(tr.max_steps) and (tr.max_steps == -1 or tr.max_steps >= 1), "task.train.max_steps",
+         f"must be -1 (epochs) or an integer >= 1, got {tr.max_steps!r}")
+    for key in ("batch_size", "epochs", "max_length", "val_batches", "checkpoint_every"):
+        need(is_int(tr[key]) and tr[key] >= 1, f"task.train.{key}", f"must be an integer >= 1, got {tr[key]!r}")
+    need(t.get("cue_tagger_mode", "union") in ("union", "replace"), "task.cue_tagger_mode",
+         f"must be union or replace, got {t.get('cue_tagger_mode')!r}")
+    need(is_int(t.prompt.num_virtual_tokens) and t.prompt.num_virtual_tokens >= 1, "task.prompt.num_virtual_tokens",
+         f"must be an integer >= 1, got {t.prompt.num_virtual_tokens!r}")
+
+
 def data_stage(cfg, nlp, out_dir: Path) -> dict:
     from i2d2.negverse.data import build_examples, build_pairs, resolve, split_by_original
 
