@@ -120,6 +120,10 @@ BAD_VALUES = [
     (["task=comparatives", "task.filters.contradiction.scorer=offlin"], r"'offlin' \(set by task\.filters\.contradiction\.scorer\)"),
     (["task=comparatives", "task.filters.dedup.encoder=packaged:minlm"], r"\(set by task\.filters\.dedup\.encoder\)"),
     (["task=comparatives", "task.qa.evaluate.model=nonexistent"], r"\(set by task\.qa\.evaluate\.model\)"),
+    (["task=comparatives", "num_iterations=2"], r"num_iterations: iteration 1 generates with .*iter_0/model"),
+    (["task=negverse", "num_iterations=2"], r"iteration: task=negverse has no iterations"),
+    (["task=cmp", "iteration=1"], r"iteration: task=cmp has no iterations"),
+    (["iteration=1", "run_dir=/nonexistent/run"], r"iteration=1 starts from iteration 0's model"),
     (["task.filter.near_duplicate_ratio=150"], r"task\.filter\.near_duplicate_ratio"),
     (["critic.target_precision=1.5"], r"critic\.target_precision: must be in \(0, 1\]"),
 ]
@@ -127,5 +131,5 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize("overrides,pattern", BAD_VALUES, ids=[" ".join(o) for o, _ in BAD_VALUES])
 def test_bad_values_fail_at_start_up_naming_the_key(overrides, pattern):
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises((ValueError, OSError), match=pattern):  # python -m i2d2.train: exit 2, 'error: <message>'
         _start(overrides)

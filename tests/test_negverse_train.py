@@ -150,13 +150,23 @@ def test_recipe_end_to_end_with_tiny_model_and_resume(tmp_path):
 
     assert set(load_state_dict(run_dir / "train" / "checkpoints" / "last.ckpt")) <= {"lm.new_in", "lm.new_out", "lm.peft.prompt_encoder.default.embedding.weight"}
     assert out["eval"]["n_candidates"] > 0 and (run_dir / "eval" / "metrics.json").exists()
-    # a second run reuses every finished stage
+    # a second run reuses every finished stage; so does one that changes only generation-time masking or the
+    # checkpoint cadence (neither changes the training pairs or what the prompt learns): only evaluation is redone
+    from omegaconf import open_dict
+
+    adapter_mtime = (run_dir / "train" / "adapter" / "negverse.json").stat().st_mtime_ns
     again = run(cfg)
     assert again["train"] == out["train"]
+    with open_dict(cfg):
+        cfg.task.masking.max_variants = 3
+        cfg.task.train.checkpoint_every = 2
+    assert run(cfg)["train"] == out["train"]
+    assert (run_dir / "train" / "adapter" / "negverse.json").stat().st_mtime_ns == adapter_mtime
+    with open_dict(cfg):
+        cfg.task.masking.max_variants = 6
+        cfg.task.train.checkpoint_every = 1
     # a killed training resumes from its last checkpoint: 3 steps done, budget 5 -> 2 more steps
     import shutil
-
-    from omegaconf import open_dict
 
     from i2d2.recipes.negverse import train_stage
 

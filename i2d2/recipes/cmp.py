@@ -40,6 +40,14 @@ ONE_PROCESS = True
 PROMPT_RESERVE = 64  # source tokens kept for the prompt and question; the rest is split over D1 and D2
 
 
+def check_config(cfg) -> None:
+    """Refused by ``python -m i2d2.train`` before anything loads."""
+    from i2d2.config import need
+
+    need(int(cfg.get("iteration", 0)) == 0 and int(cfg.get("num_iterations", 1)) == 1, "iteration",
+         "task=cmp has no iterations (one pre-training / evaluation pass): leave iteration=0 num_iterations=1")
+
+
 def resolve_path(p: str | None) -> Path | None:
     """``bundled:<rel>`` names a file shipped under i2d2/data/cmp/; anything else is a path."""
     if p in (None, "", "bundled"):

@@ -62,6 +62,12 @@ def check_config(cfg) -> None:
     from i2d2.config import is_int, need
 
     task, data = cfg.task, cfg.data
+    first = int(cfg.get("iteration", 0))
+    for k in range(max(first, 1), first + int(cfg.get("num_iterations", 1))):  # nothing here writes a model
+        prev = Path(cfg.run_dir) / f"iter_{k - 1}" / "model"
+        need((prev / "config.json").exists(), "iteration" if k == first else "num_iterations",
+             f"iteration {k} generates with {prev}, which does not exist: NeuroComparatives has no fine-tuning step "
+             "to write it (run iteration=0 num_iterations=1, or put a model there)")
     mp = task.get("max_passes")
     need(mp is None or (is_int(mp) and mp >= 1), "task.max_passes", f"must be null (all 30) or an integer >= 1, got {mp!r}")
     df = data.prompt_filter.drop_fraction

@@ -85,6 +85,8 @@ def check_config(cfg: DictConfig) -> None:
     it, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
     need(isinstance(it, int) and not isinstance(it, bool) and it >= 0, "iteration", f"must be an integer >= 0, got {it!r}")
     need(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
+    if it > 0:  # iteration k starts from iteration k-1's model: say so now, not after the lock and the loggers
+        generator_name(cfg, it)
     t = cfg.task
     unknown = sorted(set(t) - TASK_KEYS)
     need(not unknown, "task", f"unknown key(s) {unknown} in conf/task/i2d2.yaml; known: {sorted(TASK_KEYS)}")

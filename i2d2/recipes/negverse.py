@@ -34,6 +34,8 @@ def check_config(cfg) -> None:
     from i2d2.config import ConfigError, is_int, need
     from i2d2.schemas import NegverseFilters, NegverseGenerate, NegverseTrainMasking, fill
 
+    need(int(cfg.get("iteration", 0)) == 0 and int(cfg.get("num_iterations", 1)) == 1, "iteration",
+         "task=negverse has no iterations (one data / train / eval pass): leave iteration=0 num_iterations=1")
     t = cfg.task
     for key, schema in (("generate", NegverseGenerate), ("masking", NegverseTrainMasking), ("filters", NegverseFilters)):
         try:
@@ -195,13 +197,20 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     nlp = load_spacy(cfg.task.spacy)
     d = cfg.data
     files = [Path(d.pairs or DATA_DIR / "pairs.tsv"), Path(d.affirmatives or DATA_DIR / "affirmatives.txt"), AFFIXAL_PAIRS]
-    fp_data = fingerprint(*files, _c(cfg.data), _c(cfg.task.masking), float(cfg.task.train.val_fraction),
-                          int(cfg.seed), "negverse-data-v2")
+    # only what the data stage reads: the evaluation file and generation-time masking (max_variants,
+    # min_two_blank) change the evaluation, not the training pairs
+    m = cfg.task.masking
+    fp_data = fingerprint(*files, {k: d.get(k) for k in ("pairs", "affirmatives", "use_rules", "rules_on_pairs")},
+                          {"rules": list(m.rules), "max_blanks": int(m.max_blanks),
+                           "train_max_variants": int(m.train_max_variants)},
+                          float(cfg.task.train.val_fraction), int(cfg.seed), "negverse-data-v3")
     data_dir = run_dir / "data"
     data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
     log.info("negverse data: %s", data_stats)
 
-    fp_train = fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), _c(cfg.task.train), "negverse-train-v2")
+    # the checkpoint cadence is where a killed fit resumes from, not what it learns
+    train_keys = {k: v for k, v in _c(cfg.task.train).items() if k != "checkpoint_every"}
+    fp_train = fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), train_keys, "negverse-train-v3")
     train_dir = run_dir / "train"
     train_summary = run_stage(train_dir, fp_train, lambda out: train_stage(cfg, data_dir, out, logger), "negverse-train")
     log.info("negverse training: %s", train_summary)
