@@ -108,6 +108,12 @@ def negation_options(args) -> tuple[dict, dict]:
     if args.no_grammar_filter:
         opts["grammar"], source["grammar"] = False, "command line"
     opts["seed"] = args.seed
+    from i2d2.schemas import fill
+
+    try:  # the ranges now, before the models load (e.g. --num-candidates 0, --top-p 2)
+        fill(NegationOptions, opts, where="negation options")
+    except ValueError as e:
+        raise InputError(f"{e} (options: command line > {args.adapter}/negverse.json > defaults)") from None
     return opts, source
 
 

@@ -177,7 +177,7 @@ class NegverseGenerate:
         for k in ("num_candidates", "batch_size", "max_new_tokens"):
             if int(getattr(self, k)) < 1:
                 raise ValueError(f"generate.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
-        if not 0 < self.top_p <= 1 or self.temperature <= 0:
+        if self.do_sample and (not 0 < self.top_p <= 1 or self.temperature <= 0):  # unused by greedy decoding
             raise ValueError(f"generate.top_p must be in (0, 1] and temperature > 0, got {self.top_p!r} / {self.temperature!r}")
 
 
