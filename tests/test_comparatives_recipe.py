@@ -81,3 +81,7 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     assert len(before) >= 8
     run(cfg)
     assert stage_files() == before
+    # ... and keeps what the stages took when they ran next to its own near-zero seconds
+    again = json.loads((it / "metrics.json").read_text())
+    assert again["timings_s_earlier"] == [metrics["timings_s"]]
+    assert again["timings_s"]["generation"] <= metrics["timings_s"]["generation"]
