@@ -144,3 +144,12 @@ def test_builder_pairs_by_category_property_and_cooccurrence(tmp_path):
     bad.write_text(json.dumps(st[0]) + "\n" + json.dumps({"entity": "X", "property": "p"}) + "\n")
     with pytest.raises(DataError, match=r"bad.jsonl:2: missing field\(s\) value, category"):
         load_statements(bad)
+    # the command line: quintuples written, exit 0; nothing linked, nothing written and exit 1
+    from i2d2.cmp.builder import main
+
+    args = ["--statements", str(tmp_path / "s.jsonl"), "--paragraphs", str(tmp_path / "p.txt"),
+            "--articles", str(tmp_path / "a.jsonl")]
+    assert main([*args, "--out", str(tmp_path / "q.jsonl")]) == 0 and (tmp_path / "q.jsonl").exists()
+    (tmp_path / "none.txt").write_text("Nothing links here.\n")
+    args[3] = str(tmp_path / "none.txt")
+    assert main([*args, "--out", str(tmp_path / "empty.jsonl")]) == 1 and not (tmp_path / "empty.jsonl").exists()

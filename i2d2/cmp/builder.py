@@ -19,6 +19,7 @@ document is its article cut to the 10-sentence segment holding the sentence that
 from __future__ import annotations
 
 import argparse
+import sys
 import itertools
 import re
 from collections import defaultdict
@@ -148,9 +149,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     rows, stats = build_quintuples(load_statements(a.statements), load_paragraphs(a.paragraphs),
                                    load_articles(a.articles), a.segment_sentences)
-    write_quintuples(a.out, rows)
     print(stats)
+    if not rows:  # an empty corpus file would only fail later, in pre-training, far from its cause
+        print(f"error: no quintuple could be built (counts above), nothing written to {a.out}", file=sys.stderr)
+        return 1
+    write_quintuples(a.out, rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -231,7 +231,7 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
 
 def _report(summary: dict) -> str:
     def rows(d):  # timings and this process's bookkeeping stay in report.json: same results, same report.md bytes
-        return [f"| {k} | {round(v, 4) if isinstance(v, float) else v} |" for k, v in d.items()
+        return [f"| {k} | {'–' if v is None else round(v, 4) if isinstance(v, float) else v} |" for k, v in d.items()
                 if (isinstance(v, (int, float, str)) or v is None) and not k.endswith(("_s", "seconds"))
                 and k not in ("steps_this_session", "resumed_from")]
 
