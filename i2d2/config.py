@@ -93,38 +93,63 @@ def is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 class ConfigTypeError(ValueError):
     """A value that cannot be what its key's shipped default stands for (a string where a number belongs)."""
 
 
+def _load(path: Path) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+
+
 def _schema(group: str, recipe: str | None = None) -> dict:
-    """The union of the keys the shipped conf/<group>/*.yaml files define: for ``task``, the task files of the
-    same recipe (their ``task:`` node); for another group, the whole files plus what task files set in it."""
+    """The union of the keys the shipped conf/<group>/*.yaml files define: for ``task``, :func:`_task_schema`;
+    for another group, the whole files plus what task files set in it."""
+    if group == "task":
+        return _task_schema(recipe)
     schema: dict = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
-        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-        if group == "task":
-            node = node.get("task") or {}
-            if node.get("recipe") != recipe:
-                continue
-        _merge(schema, {k: v for k, v in node.items() if k != "defaults"})
-    if group != "task":
-        for path in sorted((CONF_DIR / "task").glob("*.yaml")):
-            _merge(schema, OmegaConf.to_container(OmegaConf.load(path), resolve=False).get(group) or {})
-        return schema
-    # task keys that other shipped files set: option groups packaged into the task node (``# @package
-    # task.pretrain``: cmp/pretrain/*.yaml) and the experiment presets' task sections
-    for path in sorted(CONF_DIR.rglob("*.yaml")):
-        if path.parent == CONF_DIR / "task":
+        _merge(schema, {k: v for k, v in _load(path).items() if k != "defaults"})
+    for path in sorted((CONF_DIR / "task").glob("*.yaml")):
+        _merge(schema, _load(path).get(group) or {})
+    return schema
+
+
+def _task_schema(recipe: str | None) -> dict:
+    """The task keys of ``recipe``: its task files' ``task:`` node, the option groups those files pick that are
+    packaged into the task node (``/cmp/pretrain`` -> ``# @package task.pretrain``), and the task sections of the
+    presets for those tasks (``experiment/paper_<x>.yaml`` with ``override /task: <x>``, ``experiment/smoke/<x>.yaml``).
+    Empty (nothing checked) for a recipe no shipped task file names."""
+    schema: dict = {}
+    names = []
+    for path in sorted((CONF_DIR / "task").glob("*.yaml")):
+        raw = _load(path)
+        node = raw.get("task") or {}
+        if node.get("recipe") != recipe:
             continue
-        head = path.read_text(encoding="utf-8").split("\n", 1)[0].strip()
-        node = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
-        if head.startswith("# @package task"):
-            for part in reversed(head[len("# @package "):].split(".")[1:]):
-                node = {part: node}
-            _merge(schema, node, keep_free=True)
-        elif path.is_relative_to(CONF_DIR / "experiment"):
-            _merge(schema, {k: v for k, v in (node.get("task") or {}).items() if k not in ("name", "recipe")},
+        names.append(path.stem)
+        _merge(schema, {k: v for k, v in node.items() if k != "defaults"})
+        for entry in raw.get("defaults") or []:
+            for key in entry if isinstance(entry, dict) else ():
+                group = key.removeprefix("override").strip().lstrip("/").split("@")[0]
+                for opt in sorted((CONF_DIR / group).glob("*.yaml")) if (CONF_DIR / group).is_dir() else ():
+                    head = opt.read_text(encoding="utf-8").split("\n", 1)[0].strip()
+                    if head == "# @package task" or head.startswith("# @package task."):
+                        sub = _load(opt)
+                        for part in reversed(head[len("# @package "):].split(".")[1:]):
+                            sub = {part: sub}
+                        _merge(schema, sub, keep_free=True)
+    presets = [CONF_DIR / "experiment" / "smoke" / f"{n}.yaml" for n in names]
+    for path in sorted((CONF_DIR / "experiment").glob("*.yaml")):
+        picks = [e for e in _load(path).get("defaults") or [] if isinstance(e, dict)]
+        if any(e.get("override /task") in names for e in picks):
+            presets.append(path)
+    for path in presets:
+        if path.exists():
+            _merge(schema, {k: v for k, v in (_load(path).get("task") or {}).items() if k not in ("name", "recipe")},
                    keep_free=True)
     return schema
 
@@ -143,9 +168,26 @@ def _merge(into: dict, node: dict, keep_free: bool = False) -> None:
             into.setdefault(k, v)
 
 
+# maps whose keys are the user's to choose (cut names, label names) or another schema's fields (overrides of
+# the shared critic config): path -> None (any key) or a dataclass whose fields are the keys
+OPEN_SECTIONS = {"task.filters.discriminator.cuts": None, "task.filters.discriminator.critic": "CriticConfig",
+                 "task.filters.discriminator.critic.label_map": None}
+
+
 def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> list[str]:
     """Keys of ``node`` that ``schema`` (the shipped defaults) does not define; with ``wrong``, also collect the
-    values that cannot be what a numeric or boolean default stands for (``lr=1e-2x`` reaches a stage as a string)."""
+    values that cannot be what a numeric or boolean default stands for (``lr=1e-2x`` reaches a stage as a string).
+    A node built by ``_target_`` takes its constructor's keyword arguments, and ``OPEN_SECTIONS`` their own keys."""
+    import dataclasses
+
+    if "_target_" in schema:
+        return []
+    if where in OPEN_SECTIONS:
+        kind = OPEN_SECTIONS[where]
+        if kind is None:
+            return []
+        allowed = {f.name for f in dataclasses.fields(getattr(schemas, kind))}
+        schema = {**{k: None for k in allowed}, **schema}
     out = []
     for k, v in node.items():
         if k not in schema:
@@ -193,8 +235,8 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
 
     Sections typed by a structured config (i2d2/schemas.py) are checked against their dataclass (Hydra refuses a
     misspelt override; this catches ``+key=`` additions too). The untyped ``sections`` are checked against the
-    shipped YAML files (every key a stage reads has a documented default there), a ``task.*`` section against the
-    task files with the same ``task.recipe``, and skipped for a recipe no shipped file uses."""
+    shipped YAML files (every key a stage reads has a documented default there): ``task`` against
+    :func:`_task_schema` of its ``task.recipe`` (skipped for a recipe no shipped file names)."""
     recipe = OmegaConf.select(cfg, "task.recipe")
     bad, known, wrong = [], {}, []
     typed: dict = {}
@@ -213,15 +255,19 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
         if not schema:
             continue
         found = _unknown_keys(OmegaConf.to_container(node, resolve=False), schema, section, wrong)
-        if found:
-            bad += [f for f in found if f not in bad]
-            known[section] = [k for k in OmegaConf.to_container(node, resolve=False) if f"{section}.{k}" not in found]
-    if wrong:
-        raise ConfigTypeError(f"config value(s) of the wrong type: {', '.join(dict.fromkeys(wrong))}")
-    if bad:
-        raise UnknownKeyError(f"unknown config key(s): {', '.join(bad)} (not defined by i2d2/schemas.py or any shipped "
-                              f"config under {CONF_DIR}; check the spelling). Known keys: "
-                              + "; ".join(f"{s}: {', '.join(ks)}" for s, ks in known.items()))
+        for f in found:  # the misspelt key's siblings: where the right spelling is
+            bad.append(f)
+            parent, here = f.rpartition(".")[0], schema
+            for part in parent.split(".")[len(section.split(".")):]:
+                here = here.get(part) if isinstance(here, dict) else None
+            known[parent] = sorted(here) if isinstance(here, dict) else []
+    if wrong or bad:  # both kinds at once: a user fixes everything in one go
+        msgs = [f"config value(s) of the wrong type: {', '.join(dict.fromkeys(wrong))}"] if wrong else []
+        if bad:
+            msgs.append(f"unknown config key(s): {', '.join(bad)} (not defined by i2d2/schemas.py or any shipped "
+                        f"config under {CONF_DIR}; check the spelling). Known keys: "
+                        + "; ".join(f"{s}: {', '.join(ks)}" for s, ks in known.items()))
+        raise (UnknownKeyError if bad else ConfigTypeError)("; ".join(msgs))
 
 
 def plain(node: Any) -> Any:

@@ -206,8 +206,8 @@ class NegverseFilters:
     grammar: bool = True  # drop candidates whose negation cue the parse puts where English does not (filters.py)
 
     def __post_init__(self):
-        if not 0 < self.max_distance <= 1 or self.max_len_ratio < 1:
-            raise ValueError(f"filters: max_distance must be in (0, 1] and max_len_ratio >= 1, got "
+        if not self.max_distance > 0 or self.max_len_ratio < 1:  # a distance above 1 keeps every length
+            raise ValueError(f"filters: max_distance must be > 0 and max_len_ratio >= 1, got "
                              f"{self.max_distance!r} / {self.max_len_ratio!r}")
 
 

@@ -21,8 +21,9 @@ from i2d2 import config  # noqa: F401  (registers the ${i2d2.*} resolvers before
 
 # (key, kind, values that name no model): every model name a recipe loads, checked before any model loads
 MODEL_KEYS = (("model.name", "causal LM", ()), ("critic.name", "classifier", ()), ("task.model", "seq2seq", ()),
-              ("task.filters.contradiction.scorer", "contradiction scorer (offline, cross_encoder or an NLI model)",
-               ("offline", "cross_encoder")),
+              ("critic.probe_lm", "causal LM", ()),
+              ("task.filters.contradiction.scorer", "NLI", ("offline", "comparative-direction", "cross_encoder")),
+              ("task.filters.contradiction.cross_encoder.name", "cross-encoder body", ()),
               ("task.filters.dedup.encoder", "sentence encoder", ()), ("task.qa.evaluate.model", "causal LM", ()))
 
 
@@ -82,7 +83,8 @@ def main(cfg: DictConfig):
         if holds_lock(cfg):
             lock = RunLock(cfg.run_dir).acquire()
         check_recipe(cfg)
-    except (ValueError, RuntimeError, OSError) as e:  # bad key/name/value, run_dir held or not writable
+    except (ValueError, TypeError, RuntimeError, OSError) as e:  # bad key/name/value (TypeError: a null where a
+        # check compares a number), run_dir held or not writable
         if lock is not None:
             lock.release()
         print(f"error: {e}", file=sys.stderr)

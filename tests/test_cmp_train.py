@@ -72,7 +72,7 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path):
                  "task.keep_checkpoints=true"]
     from i2d2.recipes.cmp import BUNDLED
 
-    diffen = tmp_path.parent / f"{tmp_path.name}_diffen_dev.jsonl"  # a user's copy of an evaluation file
+    diffen = tmp_path / "user_diffen_dev.jsonl"  # a user's copy of an evaluation file
     diffen.write_text((BUNDLED / "fixtures" / "diffen_dev.jsonl").read_text())
     overrides.append(f"data.downstream.diffen.eval_path={diffen}")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):

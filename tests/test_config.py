@@ -93,7 +93,15 @@ def _start(overrides):
 @pytest.mark.parametrize("overrides", [[f"task={t}"] for t in ("i2d2", "comparatives", "cmp", "negverse")]
                          + [["experiment=smoke", f"task={t}"] for t in ("i2d2", "comparatives", "cmp", "negverse")]
                          + [[f"experiment={e}"] for e in ("paper_cmp", "paper_comparatives", "paper_negverse")]
-                         + [["task=cmp", "cmp/pretrain=paper", "cmp/variant=cmp_qa"]], ids=str)
+                         + [["task=cmp", "cmp/pretrain=paper", "cmp/variant=cmp_qa"]]
+                         # open nodes stay open: a _target_'s keyword arguments (README's realiser), the shared
+                         # critic's fields under the discriminator's overrides, its label map, a user's own cut
+                         + [["task=cmp", "task.summary.realiser._target_=i2d2.cmp.textualize.Seq2SeqRealiser",
+                             "+task.summary.realiser.model=/tmp"],
+                            ["task=comparatives", "+task.filters.discriminator.critic.probes=true",
+                             "+task.filters.discriminator.critic.lr=1e-5", "+task.filters.discriminator.critic.label_map.maybe=0",
+                             "+task.filters.discriminator.cuts.nc_m=0.35", "task.filters.contradiction.scorer=comparative-direction"]],
+                         ids=str)
 def test_shipped_configs_pass_the_start_up_checks(overrides):
     _start(overrides)
 
@@ -125,6 +133,16 @@ BAD_VALUES = [
     (["task=cmp", "iteration=1"], r"iteration: task=cmp has no iterations"),
     (["iteration=1", "run_dir=/nonexistent/run"], r"iteration=1 starts from iteration 0's model"),
     (["task.filter.near_duplicate_ratio=150"], r"task\.filter\.near_duplicate_ratio"),
+    (["task.filter.near_duplicate_ratio=null"], r"task\.filter\.near_duplicate_ratio: must be a rapidfuzz ratio"),
+    (["task=negverse", "task.train.lr=null"], r"task\.train\.lr: must be > 0, got None"),
+    (["task=negverse", "task.train.new_token_lr=-1"], r"task\.train\.new_token_lr: must be >= 0, got -1"),
+    (["task=comparatives", "data.prompt_filter.drop_fraction=null"], r"drop_fraction: must be in \[0, 1\), got None"),
+    (["task=comparatives", "task.qa.evaluate.shots=null"], r"task\.qa\.evaluate\.shots: must be a number"),
+    (["task=comparatives", "+task.max_prompts=10"], r"unknown config key\(s\): task\.max_prompts"),  # I2D2's key
+    (["task=negverse", "+task.infilling.mask_ratio=0.5"], r"unknown config key\(s\): task\.infilling"),  # CMP's
+    (["task=comparatives", "+task.filters.discriminator.critic.lrr=1"], r"task\.filters\.discriminator\.critic\.lrr"),
+    (["task=comparatives", "task.filters.contradiction.cross_encoder.name=nonexistent"],
+     r"\(set by task\.filters\.contradiction\.cross_encoder\.name\)"),
     (["critic.target_precision=1.5"], r"critic\.target_precision: must be in \(0, 1\]"),
 ]
 

@@ -30,7 +30,7 @@ def load_reports(run_dirs) -> list[dict]:
         if missing:
             raise DataError(f"{path}: not a CMP run's report (no {', '.join(missing)}); task=cmp writes one")
         reports.append(report)
-    seeds = [r.get("seed") for r in reports]
+    seeds = [r["seed"] for r in reports if r.get("seed") is not None]  # older reports name no seed
     if len(set(seeds)) < len(seeds):
         raise DataError(f"runs with the same seed {seeds}: the spread over seeds needs one run per seed")
     return reports

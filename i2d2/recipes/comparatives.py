@@ -60,7 +60,7 @@ def check_config(cfg) -> None:
     """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
     on them only after the stages before it, and after removing its own earlier output)."""
     from i2d2.comparatives.qa_eval import QAEvalConfig
-    from i2d2.config import is_int, need
+    from i2d2.config import is_int, is_num, need
 
     task, data = cfg.task, cfg.data
     first = int(cfg.get("iteration", 0))
@@ -72,9 +72,10 @@ def check_config(cfg) -> None:
     mp = task.get("max_passes")
     need(mp is None or (is_int(mp) and mp >= 1), "task.max_passes", f"must be null (all 30) or an integer >= 1, got {mp!r}")
     df = data.prompt_filter.drop_fraction
-    need(0 <= df < 1, "data.prompt_filter.drop_fraction", f"must be in [0, 1), got {df!r}")
+    need(is_num(df) and 0 <= df < 1, "data.prompt_filter.drop_fraction", f"must be in [0, 1), got {df!r}")
     dd = task.filters.dedup
-    need(dd.distance_threshold >= 0, "task.filters.dedup.distance_threshold", f"must be >= 0, got {dd.distance_threshold!r}")
+    need(is_num(dd.distance_threshold) and dd.distance_threshold >= 0, "task.filters.dedup.distance_threshold",
+         f"must be a number >= 0, got {dd.distance_threshold!r}")
     need(dd.linkage in ("single", "complete", "average"), "task.filters.dedup.linkage",
          f"must be single, complete or average, got {dd.linkage!r}")
     need(is_int(task.filters.contradiction.k) and task.filters.contradiction.k >= 1, "task.filters.contradiction.k",
@@ -82,13 +83,16 @@ def check_config(cfg) -> None:
     disc = task.filters.discriminator
     cuts = _plain(disc.cuts) or {}
     for name, frac in cuts.items():
-        need(isinstance(frac, (int, float)) and 0 < frac <= 1, f"task.filters.discriminator.cuts.{name}",
+        need(is_num(frac) and 0 < frac <= 1, f"task.filters.discriminator.cuts.{name}",
              f"must be a kept fraction in (0, 1], got {frac!r}")
     if disc.enabled:  # without the discriminator the QA comes from every statement that passed the filters
         need(bool(cuts), "task.filters.discriminator.cuts", "must name at least one cut")
         need(task.qa.source in cuts, "task.qa.source", f"must be one of the cuts {sorted(cuts)}, got {task.qa.source!r}")
+    qe = {k: v for k, v in _plain(task.qa.evaluate).items() if k not in ("enabled", "model")}
+    for key in ("shots", "max_share", "batch_size"):
+        need(is_num(qe.get(key)), f"task.qa.evaluate.{key}", f"must be a number, got {qe.get(key)!r}")
     try:
-        QAEvalConfig(**{k: v for k, v in _plain(task.qa.evaluate).items() if k not in ("enabled", "model")})
+        QAEvalConfig(**qe)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"task.qa.evaluate: {e}") from None
     try:  # the entity classes: a missing, empty or malformed file named with its line now, not after the LM loads

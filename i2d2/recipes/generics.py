@@ -100,9 +100,9 @@ def check_config(cfg: DictConfig) -> None:
          f"must be null (use the critic's δ) or a number in [0, 1), got {d!r}")
     need(_get(t, "filter.truncate", "sentence") in ("none", "newline", "sentence"), "task.filter.truncate",
          f"must be none, newline or sentence, got {_get(t, 'filter.truncate')!r}")
-    r = _get(t, "filter.near_duplicate_ratio")
-    need(r is None or (isinstance(r, (int, float)) and 0 < r <= 100), "task.filter.near_duplicate_ratio",
-         f"must be null (exact duplicates only) or a rapidfuzz ratio in (0, 100], got {r!r}")
+    r = OmegaConf.select(t, "filter.near_duplicate_ratio", default=90)
+    need(isinstance(r, (int, float)) and not isinstance(r, bool) and 0 < r <= 100, "task.filter.near_duplicate_ratio",
+         f"must be a rapidfuzz ratio in (0, 100] (100: exact duplicates only), got {r!r}")
     for key in ("max_per_frame", "max_per_concept"):
         v = _get(t, f"filter.{key}")
         need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1), f"task.filter.{key}",

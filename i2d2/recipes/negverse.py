@@ -31,7 +31,7 @@ ONE_PROCESS = True
 def check_config(cfg) -> None:
     """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
     on them only after removing its own earlier output)."""
-    from i2d2.config import ConfigError, is_int, need
+    from i2d2.config import ConfigError, is_int, is_num, need
     from i2d2.schemas import NegverseFilters, NegverseGenerate, NegverseTrainMasking, fill
 
     need(int(cfg.get("iteration", 0)) == 0 and int(cfg.get("num_iterations", 1)) == 1, "iteration",
@@ -44,8 +44,10 @@ def check_config(cfg) -> None:
             msg = str(e)
             raise ConfigError(msg if msg.startswith("task.") else f"task.{msg}") from None
     tr = t.train
-    need(tr.lr > 0 and tr.new_token_lr >= 0, "task.train.lr", f"must be > 0 (new_token_lr >= 0), got {tr.lr!r}")
-    need(0 < tr.val_fraction < 1, "task.train.val_fraction", f"must be in (0, 1), got {tr.val_fraction!r}")
+    need(is_num(tr.lr) and tr.lr > 0, "task.train.lr", f"must be > 0, got {tr.lr!r}")
+    need(is_num(tr.new_token_lr) and tr.new_token_lr >= 0, "task.train.new_token_lr", f"must be >= 0, got {tr.new_token_lr!r}")
+    need(is_num(tr.val_fraction) and 0 < tr.val_fraction < 1, "task.train.val_fraction",
+         f"must be in (0, 1), got {tr.val_fraction!r}")
     need(is_int(tr.max_steps) and (tr.max_steps == -1 or tr.max_steps >= 1), "task.train.max_steps",
          f"must be -1 (epochs) or an integer >= 1, got {tr.max_steps!r}")
     for key in ("batch_size", "epochs", "max_length", "val_batches", "checkpoint_every"):
