@@ -261,6 +261,10 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
             for part in parent.split(".")[len(section.split(".")):]:
                 here = here.get(part) if isinstance(here, dict) else None
             known[parent] = sorted(here) if isinstance(here, dict) else []
+            if OPEN_SECTIONS.get(parent):  # overrides of another schema: its fields are the keys
+                import dataclasses
+
+                known[parent] = sorted(f.name for f in dataclasses.fields(getattr(schemas, OPEN_SECTIONS[parent])))
     if wrong or bad:  # both kinds at once: a user fixes everything in one go
         msgs = [f"config value(s) of the wrong type: {', '.join(dict.fromkeys(wrong))}"] if wrong else []
         if bad:

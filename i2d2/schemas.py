@@ -106,6 +106,8 @@ class CriticConfig:
     ckpt_every_n_steps: int = 50  # last.ckpt cadence: a killed training resumes from it
 
     def __post_init__(self):
+        if self.kind not in ("finetune", "probe"):
+            raise ValueError(f"critic.kind: must be finetune or probe, got {self.kind!r}")
         for k in ("target_precision", "target_recall"):
             if not 0.0 < float(getattr(self, k)) <= 1.0:
                 raise ValueError(f"critic.{k}: must be in (0, 1], got {getattr(self, k)!r}")

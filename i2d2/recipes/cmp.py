@@ -44,8 +44,9 @@ def check_config(cfg) -> None:
     """Refused by ``python -m i2d2.train`` before anything loads."""
     from i2d2.config import need
 
-    need(int(cfg.get("iteration", 0)) == 0 and int(cfg.get("num_iterations", 1)) == 1, "iteration",
-         "task=cmp has no iterations (one pre-training / evaluation pass): leave iteration=0 num_iterations=1")
+    for key, one in (("iteration", 0), ("num_iterations", 1)):
+        need(cfg.get(key, one) == one, key, "task=cmp has no iterations (one pre-training / evaluation pass): "
+                                            f"leave it at {one}, got {cfg.get(key)!r}")
 
 
 def resolve_path(p: str | None) -> Path | None:

@@ -61,10 +61,13 @@ def check_config(cfg) -> None:
     on them only after the stages before it, and after removing its own earlier output)."""
     from i2d2.comparatives.qa_eval import QAEvalConfig
     from i2d2.config import is_int, is_num, need
+    from i2d2.schemas import CriticConfig, DecodingConfig, fill
 
     task, data = cfg.task, cfg.data
-    first = int(cfg.get("iteration", 0))
-    for k in range(max(first, 1), first + int(cfg.get("num_iterations", 1))):  # nothing here writes a model
+    first, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
+    need(is_int(first) and first >= 0, "iteration", f"must be an integer >= 0, got {first!r}")
+    need(is_int(n) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
+    for k in range(max(first, 1), first + n):  # nothing here writes a model
         prev = Path(cfg.run_dir) / f"iter_{k - 1}" / "model"
         need((prev / "config.json").exists(), "iteration" if k == first else "num_iterations",
              f"iteration {k} generates with {prev}, which does not exist: NeuroComparatives has no fine-tuning step "
@@ -95,6 +98,18 @@ def check_config(cfg) -> None:
         QAEvalConfig(**qe)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"task.qa.evaluate: {e}") from None
+    need(is_int(task.shard_size) and task.shard_size >= 1, "task.shard_size", f"must be an integer >= 1, got {task.shard_size!r}")
+    try:  # the discriminator's critic (the shared config with the task's overrides) and the decoding settings
+        fill(CriticConfig, critic_cfg(cfg), where="critic")
+        DecodingConfig(**_plain(cfg.decoding))
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if msg.startswith("critic"):
+            msg += " (the discriminator's critic: critic.* with task.filters.discriminator.critic.* over it)"
+        raise ConfigError(msg if msg.startswith(("critic", "decoding")) else f"decoding.{msg}") from None
+    for key in ("min_entities", "wikidata.max_depth"):
+        v = OmegaConf.select(data, key)
+        need(is_int(v) and v >= 0, f"data.{key}", f"must be an integer >= 0, got {v!r}")
     try:  # the entity classes: a missing, empty or malformed file named with its line now, not after the LM loads
         load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
                      int(data.wikidata.max_depth))

@@ -108,9 +108,16 @@ def check_config(cfg: DictConfig) -> None:
         need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1), f"task.filter.{key}",
              f"must be null (no limit) or an integer >= 1, got {v!r}")
     if t.get("heldout"):
-        v = _get(t, "heldout.prompts_per_concept", 2)
+        v = OmegaConf.select(t, "heldout.prompts_per_concept", default=2)  # a null is refused, not defaulted
         need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "task.heldout.prompts_per_concept",
              f"must be an integer >= 1, got {v!r}")
+    v = OmegaConf.select(t, "annotation.k_per_concept", default=4)
+    need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "task.annotation.k_per_concept",
+         f"must be an integer >= 0 (0: none), got {v!r}")
+    for key, default in (("mnr_fraction", 0.3), ("mnr_bleu", 0.85)):
+        v = OmegaConf.select(t, f"report.{key}", default=default)
+        need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1, f"task.report.{key}",
+             f"must be in (0, 1], got {v!r}")
     try:
         from i2d2.schemas import CriticConfig, fill
 

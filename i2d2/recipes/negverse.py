@@ -34,8 +34,9 @@ def check_config(cfg) -> None:
     from i2d2.config import ConfigError, is_int, is_num, need
     from i2d2.schemas import NegverseFilters, NegverseGenerate, NegverseTrainMasking, fill
 
-    need(int(cfg.get("iteration", 0)) == 0 and int(cfg.get("num_iterations", 1)) == 1, "iteration",
-         "task=negverse has no iterations (one data / train / eval pass): leave iteration=0 num_iterations=1")
+    for key, one in (("iteration", 0), ("num_iterations", 1)):
+        need(cfg.get(key, one) == one, key,
+             f"task=negverse has no iterations (one data / train / eval pass): leave it at {one}, got {cfg.get(key)!r}")
     t = cfg.task
     for key, schema in (("generate", NegverseGenerate), ("masking", NegverseTrainMasking), ("filters", NegverseFilters)):
         try:
