@@ -83,5 +83,5 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     assert stage_files() == before
     # ... and keeps what the stages took when they ran next to its own near-zero seconds
     again = json.loads((it / "metrics.json").read_text())
-    assert again["timings_s_earlier"] == [metrics["timings_s"]]
+    assert again["earlier_timings_s"] == [metrics["timings_s"]]
     assert again["timings_s"]["generation"] <= metrics["timings_s"]["generation"]
