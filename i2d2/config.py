@@ -97,6 +97,13 @@ def is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def need_one_pass(cfg, task: str, what: str) -> None:
+    """A recipe without iterations refuses ``iteration`` / ``num_iterations`` other than 0 / 1 (not ignore them)."""
+    for key, one in (("iteration", 0), ("num_iterations", 1)):
+        need(cfg.get(key, one) == one, key,
+             f"task={task} has no iterations ({what}): leave it at {one}, got {cfg.get(key)!r}")
+
+
 class ConfigTypeError(ValueError):
     """A value that cannot be what its key's shipped default stands for (a string where a number belongs)."""
 
@@ -170,24 +177,26 @@ def _merge(into: dict, node: dict, keep_free: bool = False) -> None:
 
 # maps whose keys are the user's to choose (cut names, label names) or another schema's fields (overrides of
 # the shared critic config): path -> None (any key) or a dataclass whose fields are the keys
-OPEN_SECTIONS = {"task.filters.discriminator.cuts": None, "task.filters.discriminator.critic": "CriticConfig",
+OPEN_SECTIONS = {"task.filters.discriminator.cuts": None, "task.filters.discriminator.critic": schemas.CriticConfig,
                  "task.filters.discriminator.critic.label_map": None}
+
+
+def _field_names(schema: type) -> list[str]:
+    import dataclasses
+
+    return sorted(f.name for f in dataclasses.fields(schema))
 
 
 def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> list[str]:
     """Keys of ``node`` that ``schema`` (the shipped defaults) does not define; with ``wrong``, also collect the
     values that cannot be what a numeric or boolean default stands for (``lr=1e-2x`` reaches a stage as a string).
     A node built by ``_target_`` takes its constructor's keyword arguments, and ``OPEN_SECTIONS`` their own keys."""
-    import dataclasses
-
     if "_target_" in schema:
         return []
     if where in OPEN_SECTIONS:
-        kind = OPEN_SECTIONS[where]
-        if kind is None:
+        if OPEN_SECTIONS[where] is None:
             return []
-        allowed = {f.name for f in dataclasses.fields(getattr(schemas, kind))}
-        schema = {**{k: None for k in allowed}, **schema}
+        schema = {**dict.fromkeys(_field_names(OPEN_SECTIONS[where])), **schema}
     out = []
     for k, v in node.items():
         if k not in schema:
@@ -262,9 +271,7 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
                 here = here.get(part) if isinstance(here, dict) else None
             known[parent] = sorted(here) if isinstance(here, dict) else []
             if OPEN_SECTIONS.get(parent):  # overrides of another schema: its fields are the keys
-                import dataclasses
-
-                known[parent] = sorted(f.name for f in dataclasses.fields(getattr(schemas, OPEN_SECTIONS[parent])))
+                known[parent] = _field_names(OPEN_SECTIONS[parent])
     if wrong or bad:  # both kinds at once: a user fixes everything in one go
         msgs = [f"config value(s) of the wrong type: {', '.join(dict.fromkeys(wrong))}"] if wrong else []
         if bad:

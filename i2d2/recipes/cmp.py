@@ -42,11 +42,9 @@ PROMPT_RESERVE = 64  # source tokens kept for the prompt and question; the rest 
 
 def check_config(cfg) -> None:
     """Refused by ``python -m i2d2.train`` before anything loads."""
-    from i2d2.config import need
+    from i2d2.config import need_one_pass
 
-    for key, one in (("iteration", 0), ("num_iterations", 1)):
-        need(cfg.get(key, one) == one, key, "task=cmp has no iterations (one pre-training / evaluation pass): "
-                                            f"leave it at {one}, got {cfg.get(key)!r}")
+    need_one_pass(cfg, "cmp", "one pre-training / evaluation pass")
 
 
 def resolve_path(p: str | None) -> Path | None:

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
-from i2d2.config import ConfigError, need
+from i2d2.config import ConfigError, is_int, is_num, need
 from i2d2.concepts import data_files
 from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, read_table, \
     run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
@@ -83,8 +83,8 @@ def check_config(cfg: DictConfig) -> None:
     from i2d2.schemas import DecodingConfig
 
     it, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
-    need(isinstance(it, int) and not isinstance(it, bool) and it >= 0, "iteration", f"must be an integer >= 0, got {it!r}")
-    need(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
+    need(is_int(it) and it >= 0, "iteration", f"must be an integer >= 0, got {it!r}")
+    need(is_int(n) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
     if it > 0:  # iteration k starts from iteration k-1's model: say so now, not after the lock and the loggers
         generator_name(cfg, it)
     t = cfg.task
@@ -101,22 +101,22 @@ def check_config(cfg: DictConfig) -> None:
     need(_get(t, "filter.truncate", "sentence") in ("none", "newline", "sentence"), "task.filter.truncate",
          f"must be none, newline or sentence, got {_get(t, 'filter.truncate')!r}")
     r = OmegaConf.select(t, "filter.near_duplicate_ratio", default=90)
-    need(isinstance(r, (int, float)) and not isinstance(r, bool) and 0 < r <= 100, "task.filter.near_duplicate_ratio",
+    need(is_num(r) and 0 < r <= 100, "task.filter.near_duplicate_ratio",
          f"must be a rapidfuzz ratio in (0, 100] (100: exact duplicates only), got {r!r}")
     for key in ("max_per_frame", "max_per_concept"):
         v = _get(t, f"filter.{key}")
-        need(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1), f"task.filter.{key}",
+        need(v is None or (is_int(v) and v >= 1), f"task.filter.{key}",
              f"must be null (no limit) or an integer >= 1, got {v!r}")
     if t.get("heldout"):
         v = OmegaConf.select(t, "heldout.prompts_per_concept", default=2)  # a null is refused, not defaulted
-        need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, "task.heldout.prompts_per_concept",
+        need(is_int(v) and v >= 1, "task.heldout.prompts_per_concept",
              f"must be an integer >= 1, got {v!r}")
     v = OmegaConf.select(t, "annotation.k_per_concept", default=4)
-    need(isinstance(v, int) and not isinstance(v, bool) and v >= 0, "task.annotation.k_per_concept",
+    need(is_int(v) and v >= 0, "task.annotation.k_per_concept",
          f"must be an integer >= 0 (0: none), got {v!r}")
     for key, default in (("mnr_fraction", 0.3), ("mnr_bleu", 0.85)):
         v = OmegaConf.select(t, f"report.{key}", default=default)
-        need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1, f"task.report.{key}",
+        need(is_num(v) and 0 < v <= 1, f"task.report.{key}",
              f"must be in (0, 1], got {v!r}")
     try:
         from i2d2.schemas import CriticConfig, fill

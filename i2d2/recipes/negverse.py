@@ -31,12 +31,10 @@ ONE_PROCESS = True
 def check_config(cfg) -> None:
     """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
     on them only after removing its own earlier output)."""
-    from i2d2.config import ConfigError, is_int, is_num, need
+    from i2d2.config import ConfigError, is_int, is_num, need, need_one_pass
     from i2d2.schemas import NegverseFilters, NegverseGenerate, NegverseTrainMasking, fill
 
-    for key, one in (("iteration", 0), ("num_iterations", 1)):
-        need(cfg.get(key, one) == one, key,
-             f"task=negverse has no iterations (one data / train / eval pass): leave it at {one}, got {cfg.get(key)!r}")
+    need_one_pass(cfg, "negverse", "one data / train / eval pass")
     t = cfg.task
     for key, schema in (("generate", NegverseGenerate), ("masking", NegverseTrainMasking), ("filters", NegverseFilters)):
         try:
