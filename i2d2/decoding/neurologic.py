@@ -545,7 +545,7 @@ class NeuroLogicDecoder:
         # equal keys are copies of one token or -inf (not proposed): their order changes nothing (short of two
         # tokens with exactly equal log-probs)
         v, i = _topk(key, a)
-        ok = torch.isfinite(v)
+        ok = v > NEG  # isfinite(): log-probs are never +inf, and this is one kernel, not four
         return torch.where(ok, toks.gather(1, i), -1), ok
 
     # ------------------------------------------------------------------ search
@@ -655,7 +655,7 @@ class NeuroLogicDecoder:
                 topv, topi = _topk(lp, max(M, PF))
                 thresh = topv[:, PF - 1]
                 cand = topi[:, :M]
-                cvalid = torch.isfinite(topv[:, :M])
+                cvalid = topv[:, :M] > NEG  # finite: a log-prob is never +inf (one kernel, isfinite is four)
                 if has_positive:
                     la, la_ok = self._lookahead(cp, lt, st, lp, A, thresh, hist[:, t - 1] if t else no_prev)
                     cand = torch.cat([cand, la.clamp(min=0)], 1)
@@ -686,10 +686,10 @@ class NeuroLogicDecoder:
                     rank_sc = clp + cfg.beta * self._progress(cp, lt, new, tsat)
                 # grouping and sat_tolerance see a pending word that spells a literal as satisfying it
                 nsat = tsat.sum(-1)
-                group = (tsat.long() * cp.cl_weight).sum(-1)
+                group = (tsat * cp.cl_weight).sum(-1)
                 # ---- selection per prompt row
                 f_clp = clp.reshape(B, KC)
-                fin_ok = torch.isfinite(f_clp)
+                fin_ok = f_clp > NEG
                 f_viol = violated.reshape(B, KC)
                 f_nsat = nsat.reshape(B, KC)
                 good = fin_ok & ~f_viol
@@ -698,7 +698,7 @@ class NeuroLogicDecoder:
                 # tiers: 0 kept, 1 kept but its pending word is a dead end, 2 outside sat_tolerance,
                 # 3 irreversibly violating (used only when nothing better is left), 4 impossible
                 f_risky = risky.reshape(B, KC)
-                tier = torch.where(elig, f_risky.long(), torch.where(good, 2, torch.where(fin_ok, 3, 4)))
+                tier = torch.where(elig, f_risky, torch.where(good, 2, torch.where(fin_ok, 3, 4)))
                 f_sc = torch.where(fin_ok, rank_sc.reshape(B, KC), NEG)
                 f_grp = group.reshape(B, KC)
                 o_sc = f_sc.argsort(dim=1, descending=True, stable=True)
