@@ -178,7 +178,11 @@ def _merge(into: dict, node: dict, keep_free: bool = False) -> None:
 # maps whose keys are the user's to choose (cut names, label names) or another schema's fields (overrides of
 # the shared critic config): path -> None (any key) or a dataclass whose fields are the keys
 OPEN_SECTIONS = {"task.filters.discriminator.cuts": None, "task.filters.discriminator.critic": schemas.CriticConfig,
-                 "task.filters.discriminator.critic.label_map": None}
+                 "task.filters.discriminator.critic.label_map": None,
+                 # the user names concept sources, phrase lists and downstream data sets (+data.sources.gkb=...),
+                 # and their optional keys have no shipped default (a source's options / on_error, a data set's
+                 # dev_path / types / limit)
+                 "data.sources": None, "data.relations": None, "data.downstream": None}
 
 
 def _field_names(schema: type) -> list[str]:
@@ -214,8 +218,9 @@ def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> 
 
 
 # sections without a structured config (i2d2/schemas.py types the others at composition): the whole task node,
-# against the shipped task files of the same recipe (typed sub-sections there are empty, hence free-form)
-CHECKED_SECTIONS = ("task",)
+# against the shipped task files of the same recipe (typed sub-sections there are empty, hence free-form), and the
+# data node against every shipped data file (the tasks' data files share no key, so their union is sound)
+CHECKED_SECTIONS = ("task", "data")
 
 
 def _typed_unknown_keys(node, where: str, out: dict) -> None:
@@ -245,7 +250,8 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
     Sections typed by a structured config (i2d2/schemas.py) are checked against their dataclass (Hydra refuses a
     misspelt override; this catches ``+key=`` additions too). The untyped ``sections`` are checked against the
     shipped YAML files (every key a stage reads has a documented default there): ``task`` against
-    :func:`_task_schema` of its ``task.recipe`` (skipped for a recipe no shipped file names)."""
+    :func:`_task_schema` of its ``task.recipe`` (skipped for a recipe no shipped file names), ``data`` against
+    conf/data/*.yaml and the task files' ``data:`` nodes."""
     recipe = OmegaConf.select(cfg, "task.recipe")
     bad, known, wrong = [], {}, []
     typed: dict = {}

@@ -100,7 +100,11 @@ def _start(overrides):
                              "+task.summary.realiser.model=/tmp"],
                             ["task=comparatives", "+task.filters.discriminator.critic.probes=true",
                              "+task.filters.discriminator.critic.lr=1e-5", "+task.filters.discriminator.critic.label_map.maybe=0",
-                             "+task.filters.discriminator.cuts.nc_m=0.35", "task.filters.contradiction.scorer=comparative-direction"]],
+                             "+task.filters.discriminator.cuts.nc_m=0.35", "task.filters.contradiction.scorer=comparative-direction"],
+                            # the data sections the user names: concept sources, phrase lists, downstream data sets
+                            ["+data.sources.gkb={path: /data/gkb.tsv, format: genericskb, options: {min_statements: 5}}",
+                             "+data.relations.mine=/data/mine.txt", "data.sources.nouns.relations=mine"],
+                            ["task=cmp", "+data.downstream.hotpotqa.dev_path=/data/dev.json"]],
                          ids=str)
 def test_shipped_configs_pass_the_start_up_checks(overrides):
     _start(overrides)
@@ -153,6 +157,9 @@ BAD_VALUES = [
     (["task=comparatives", "task.filters.contradiction.cross_encoder.name=nonexistent"],
      r"\(set by task\.filters\.contradiction\.cross_encoder\.name\)"),
     (["critic.target_precision=1.5"], r"critic\.target_precision: must be in \(0, 1\]"),
+    (["data.max_words=abc"], r"data\.max_words='abc' \(expected a number"),  # int('abc') in the prompts stage
+    (["task=cmp", "data.check_links=off"], r"data\.check_links='off' \(expected true"),  # bool('off'): the check ran
+    (["+data.max_wrds=3"], r"unknown config key\(s\): data\.max_wrds"),
 ]
 
 
