@@ -97,6 +97,16 @@ def is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def need_counts(cfg, *keys: str, null_ok: bool = False) -> None:
+    """Each of ``keys`` (dotted, from the config's root) an integer >= 1: batch sizes and the like, which a stage
+    steps or divides by (``range(0, n, 0)``, an empty batch) only after the stages before it ran. ``null_ok``: for
+    keys whose reader takes a null as its default."""
+    for key in keys:
+        v = OmegaConf.select(cfg, key)
+        need((null_ok and v is None) or (is_int(v) and v >= 1), key,
+             f"must be {'null (the default) or ' if null_ok else ''}an integer >= 1, got {v!r}")
+
+
 def need_one_pass(cfg, task: str, what: str) -> None:
     """A recipe without iterations refuses ``iteration`` / ``num_iterations`` other than 0 / 1 (not ignore them)."""
     for key, one in (("iteration", 0), ("num_iterations", 1)):

@@ -120,6 +120,9 @@ class CriticConfig:
             raise ValueError("critic.dev_fraction + critic.test_fraction: must leave concepts to train on (< 1)")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"critic.on_error: must be raise or skip, got {self.on_error!r}")
+        for k in ("batch_size", "eval_batch_size", "perplexity_batch_size"):
+            if int(getattr(self, k)) < 1:
+                raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
     perplexity_batch_size: int = 16
     perplexity_per: str = "word"  # the baseline ranker's perplexity unit (word | token)
     # raw label (normalised: lower case, punctuation -> _) -> 1 valid, 0 invalid, None dropped;
@@ -144,6 +147,11 @@ class CrossEncoderConfig:
     max_steps: int = -1
     val_fraction: float = 0.1
     seed: int = 0
+
+    def __post_init__(self):
+        if int(self.batch_size) < 1:  # named where conf/task/comparatives.yaml places this schema
+            raise ValueError(f"task.filters.contradiction.cross_encoder.batch_size: must be an integer >= 1, got "
+                             f"{self.batch_size!r}")
 
 
 @dataclass

@@ -104,7 +104,8 @@ def _start(overrides):
                             # the data sections the user names: concept sources, phrase lists, downstream data sets
                             ["+data.sources.gkb={path: /data/gkb.tsv, format: genericskb, options: {min_statements: 5}}",
                              "+data.relations.mine=/data/mine.txt", "data.sources.nouns.relations=mine"],
-                            ["task=cmp", "+data.downstream.hotpotqa.dev_path=/data/dev.json"]],
+                            ["task=cmp", "+data.downstream.hotpotqa.dev_path=/data/dev.json"],
+                            ["data.perplexity.batch_size=null", "data.perplexity.chunk_size=null"]],  # null: the default
                          ids=str)
 def test_shipped_configs_pass_the_start_up_checks(overrides):
     _start(overrides)
@@ -160,6 +161,22 @@ BAD_VALUES = [
     (["data.max_words=abc"], r"data\.max_words='abc' \(expected a number"),  # int('abc') in the prompts stage
     (["task=cmp", "data.check_links=off"], r"data\.check_links='off' \(expected true"),  # bool('off'): the check ran
     (["+data.max_wrds=3"], r"unknown config key\(s\): data\.max_wrds"),
+    # batch sizes of 0 (range(0, n, 0) or an empty batch, after the stages before) and other counts
+    (["critic.batch_size=0"], r"critic\.batch_size: must be an integer >= 1, got 0"),
+    (["critic.eval_batch_size=-1"], r"critic\.eval_batch_size: must be an integer >= 1, got -1"),
+    (["task=comparatives", "+task.filters.discriminator.critic.batch_size=0"],
+     r"critic\.batch_size: must be an integer >= 1, got 0 \(the discriminator's critic"),
+    (["task=comparatives", "task.filters.contradiction.cross_encoder.batch_size=0"],
+     r"task\.filters\.contradiction\.cross_encoder\.batch_size: must be an integer >= 1"),
+    (["task=comparatives", "task.filters.dedup.batch_size=0"], r"task\.filters\.dedup\.batch_size: must be an integer"),
+    (["task=comparatives", "task.qa.evaluate.batch_size=0"], r"task\.qa\.evaluate: .*batch_size must be an integer"),
+    (["task=comparatives", "task.constraints.top_k=0"], r"task\.constraints\.top_k: must be an integer >= 1, got 0"),
+    (["data.perplexity.batch_size=0"], r"data\.perplexity\.batch_size: must be null \(the default\) or an integer"),
+    (["task=cmp", "task.pretrain.batch_size=0"], r"task\.pretrain\.batch_size: must be an integer >= 1, got 0"),
+    (["task=cmp", "task.downstream.finetune.batch_size=-8"], r"task\.downstream\.finetune\.batch_size: must be"),
+    (["task=cmp", "task.eval.batch_size=0"], r"task\.eval\.batch_size: must be an integer >= 1"),
+    (["task=cmp", "task.infilling.mask_ratio=0"], r"task\.infilling\.mask_ratio: must be in \(0, 1\], got 0"),
+    (["task=cmp", "task.infilling.mask_ratio=1.5"], r"task\.infilling\.mask_ratio: must be in \(0, 1\], got 1\.5"),
 ]
 
 

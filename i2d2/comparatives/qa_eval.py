@@ -51,6 +51,8 @@ class QAEvalConfig:
             raise ValueError(f"qa eval: on_unbalanced must be 'error' or 'warn', got {self.on_unbalanced!r}")
         if not 0.5 <= self.max_share <= 1.0 or self.shots < 0:
             raise ValueError(f"qa eval: max_share must be in [0.5, 1] and shots >= 0, got {self}")
+        if int(self.batch_size) < 1:
+            raise ValueError(f"qa eval: batch_size must be an integer >= 1, got {self.batch_size!r}")
 
 
 class UnbalancedAnswersError(DataError):

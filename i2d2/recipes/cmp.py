@@ -42,9 +42,13 @@ PROMPT_RESERVE = 64  # source tokens kept for the prompt and question; the rest 
 
 def check_config(cfg) -> None:
     """Refused by ``python -m i2d2.train`` before anything loads."""
-    from i2d2.config import need_one_pass
+    from i2d2.config import is_num, need, need_counts, need_one_pass
 
     need_one_pass(cfg, "cmp", "one pre-training / evaluation pass")
+    need_counts(cfg, "task.pretrain.batch_size", "task.pretrain.eval_batch_size", "task.eval.batch_size",
+                "task.downstream.finetune.batch_size")
+    r = cfg.task.infilling.mask_ratio  # 0 masks nothing (infilling becomes copying); above 1 is no share
+    need(is_num(r) and 0 < r <= 1, "task.infilling.mask_ratio", f"must be in (0, 1], got {r!r}")
 
 
 def resolve_path(p: str | None) -> Path | None:

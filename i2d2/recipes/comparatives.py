@@ -60,8 +60,8 @@ def check_config(cfg) -> None:
     """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
     on them only after the stages before it, and after removing its own earlier output)."""
     from i2d2.comparatives.qa_eval import QAEvalConfig
-    from i2d2.config import is_int, is_num, need
-    from i2d2.schemas import CriticConfig, DecodingConfig, fill
+    from i2d2.config import is_int, is_num, need, need_counts
+    from i2d2.schemas import CriticConfig, CrossEncoderConfig, DecodingConfig, fill
 
     task, data = cfg.task, cfg.data
     first, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
@@ -81,8 +81,10 @@ def check_config(cfg) -> None:
          f"must be a number >= 0, got {dd.distance_threshold!r}")
     need(dd.linkage in ("single", "complete", "average"), "task.filters.dedup.linkage",
          f"must be single, complete or average, got {dd.linkage!r}")
-    need(is_int(task.filters.contradiction.k) and task.filters.contradiction.k >= 1, "task.filters.contradiction.k",
-         f"must be an integer >= 1, got {task.filters.contradiction.k!r}")
+    # top_k: the dynamic comparative clause's adjectives per step (the decoder refuses 0 too, but at generation)
+    need_counts(cfg, "task.constraints.top_k", "task.filters.contradiction.k", "task.shard_size",
+                "data.prompt_filter.batch_size", "task.filters.dedup.batch_size",
+                "task.filters.contradiction.batch_size", "task.filters.discriminator.batch_size")
     disc = task.filters.discriminator
     cuts = _plain(disc.cuts) or {}
     for name, frac in cuts.items():
@@ -98,15 +100,16 @@ def check_config(cfg) -> None:
         QAEvalConfig(**qe)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"task.qa.evaluate: {e}") from None
-    need(is_int(task.shard_size) and task.shard_size >= 1, "task.shard_size", f"must be an integer >= 1, got {task.shard_size!r}")
-    try:  # the discriminator's critic (the shared config with the task's overrides) and the decoding settings
+    try:  # the discriminator's critic (the shared config with the task's overrides), the contradiction
+        # cross-encoder and the decoding settings
         fill(CriticConfig, critic_cfg(cfg), where="critic")
+        fill(CrossEncoderConfig, task.filters.contradiction.cross_encoder, where="task.filters.contradiction.cross_encoder")
         DecodingConfig(**_plain(cfg.decoding))
     except (TypeError, ValueError) as e:
         msg = str(e)
         if msg.startswith("critic"):
             msg += " (the discriminator's critic: critic.* with task.filters.discriminator.critic.* over it)"
-        raise ConfigError(msg if msg.startswith(("critic", "decoding")) else f"decoding.{msg}") from None
+        raise ConfigError(msg if msg.startswith(("critic", "task.", "decoding")) else f"decoding.{msg}") from None
     for key in ("min_entities", "wikidata.max_depth"):
         v = OmegaConf.select(data, key)
         need(is_int(v) and v >= 0, f"data.{key}", f"must be an integer >= 0, got {v!r}")

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 from omegaconf import DictConfig, OmegaConf
 
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
-from i2d2.config import ConfigError, is_int, is_num, need
+from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
 from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, read_table, \
     run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
@@ -103,6 +103,7 @@ def check_config(cfg: DictConfig) -> None:
     r = OmegaConf.select(t, "filter.near_duplicate_ratio", default=90)
     need(is_num(r) and 0 < r <= 100, "task.filter.near_duplicate_ratio",
          f"must be a rapidfuzz ratio in (0, 100] (100: exact duplicates only), got {r!r}")
+    need_counts(cfg, "data.perplexity.batch_size", "data.perplexity.chunk_size", null_ok=True)
     for key in ("max_per_frame", "max_per_concept"):
         v = _get(t, f"filter.{key}")
         need(v is None or (is_int(v) and v >= 1), f"task.filter.{key}",

@@ -31,7 +31,7 @@ ONE_PROCESS = True
 def check_config(cfg) -> None:
     """Values the run cannot use, refused by ``python -m i2d2.train`` before any model loads (a stage would fail
     on them only after removing its own earlier output)."""
-    from i2d2.config import ConfigError, is_int, is_num, need, need_one_pass
+    from i2d2.config import ConfigError, is_int, is_num, need, need_counts, need_one_pass
     from i2d2.schemas import NegverseFilters, NegverseGenerate, NegverseTrainMasking, fill
 
     need_one_pass(cfg, "negverse", "one data / train / eval pass")
@@ -49,8 +49,8 @@ def check_config(cfg) -> None:
          f"must be in (0, 1), got {tr.val_fraction!r}")
     need(is_int(tr.max_steps) and (tr.max_steps == -1 or tr.max_steps >= 1), "task.train.max_steps",
          f"must be -1 (epochs) or an integer >= 1, got {tr.max_steps!r}")
-    for key in ("batch_size", "epochs", "max_length", "val_batches", "checkpoint_every"):
-        need(is_int(tr[key]) and tr[key] >= 1, f"task.train.{key}", f"must be an integer >= 1, got {tr[key]!r}")
+    need_counts(cfg, *(f"task.train.{k}" for k in ("batch_size", "epochs", "max_length", "val_batches",
+                                                   "checkpoint_every")))
     need(t.get("cue_tagger_mode", "union") in ("union", "replace"), "task.cue_tagger_mode",
          f"must be union or replace, got {t.get('cue_tagger_mode')!r}")
     need(is_int(t.prompt.num_virtual_tokens) and t.prompt.num_virtual_tokens >= 1, "task.prompt.num_virtual_tokens",
