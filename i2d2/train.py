@@ -6,7 +6,8 @@ recipe (``cfg.task.recipe``, a function ``run(cfg)`` under ``i2d2/recipes/``).
 Start-up order: what fails on a bad config (unknown keys, unknown model names) fails first, in about a second,
 before torch/Lightning are imported; then the run_dir lock (a second launch on the same run_dir fails at once
 naming the process that holds it); then the recipe's value checks (``check_config``); only then the run.
-Each of these exits with code 2 and a one-line ``error:`` message.
+Each of these exits with code 2 and a one-line ``error:`` message. Ctrl-C exits with code 130 and a one-line
+``interrupted:`` message: every stage writes atomically and resumes from its last finished unit.
 """
 
 from __future__ import annotations
@@ -73,8 +74,28 @@ def holds_lock(cfg: DictConfig) -> bool:
     return world_size_of(OmegaConf.to_container(cfg.trainer, resolve=True)) == 1
 
 
+def interrupted(e: BaseException) -> bool:
+    """Ctrl-C: a KeyboardInterrupt, or the ``sys.exit(1)`` a Lightning fit turns one into (raised while handling
+    it, so the KeyboardInterrupt is its context)."""
+    return isinstance(e, KeyboardInterrupt) or (
+        isinstance(e, SystemExit) and isinstance(e.__context__, KeyboardInterrupt))
+
+
 @hydra.main(version_base="1.3", config_path=config.HYDRA_CONFIG_PATH, config_name="train")
 def main(cfg: DictConfig):
+    try:
+        return checked_run(cfg)
+    except (KeyboardInterrupt, SystemExit) as e:
+        if not interrupted(e):
+            raise
+        if launched_rank() == 0:  # one line, not one per rank (every rank of a launched run gets the SIGINT)
+            print(f"interrupted: the {cfg.task.name} run in {cfg.run_dir}; rerun the same command to resume",
+                  file=sys.stderr)
+        sys.exit(130)  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+
+
+def checked_run(cfg: DictConfig):
+    """The start-up checks, the run_dir lock, then the recipe; the lock is released however it ends."""
     from i2d2.io import RunLock
 
     lock = None
@@ -83,10 +104,12 @@ def main(cfg: DictConfig):
         if holds_lock(cfg):
             lock = RunLock(cfg.run_dir).acquire()
         check_recipe(cfg)
-    except (ValueError, TypeError, RuntimeError, OSError) as e:  # bad key/name/value (TypeError: a null where a
-        # check compares a number), run_dir held or not writable
+    except BaseException as e:  # noqa: BLE001  (the lock is released whatever stopped the checks, Ctrl-C too)
         if lock is not None:
             lock.release()
+        if not isinstance(e, (ValueError, TypeError, RuntimeError, OSError)):
+            raise
+        # bad key/name/value (TypeError: a null where a check compares a number), run_dir held or not writable
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     try:  # the lock is already held: entering it as a context manager would try to take it a second time

@@ -1,6 +1,6 @@
-"""A recipe for tests of the entry point (``task.recipe=tests.entry_point_recipe.open_group``): it opens a one-rank
-process group, as Lightning's DDP and DeepSpeed strategies do, and leaves it open; at exit it records whether the
-group was still open."""
+"""Recipes for tests of the entry point (``task.recipe=tests.entry_point_recipe.<function>``): ``open_group`` opens a
+one-rank process group, as Lightning's DDP and DeepSpeed strategies do, and leaves it open; at exit it records whether
+the group was still open. ``wait_for_interrupt`` waits for a Ctrl-C."""
 
 import atexit
 import json
@@ -17,4 +17,33 @@ def open_group(cfg):
         (run_dir / "group_at_exit.json").write_text(json.dumps({"open": dist.is_initialized()}))
 
     atexit.register(record)
+    return []
+
+
+def wait_for_interrupt(cfg):
+    """Prints "ready" and waits for the test's SIGINT (Ctrl-C), outside (``+task.fit=false``) or inside a
+    Lightning fit, which turns the KeyboardInterrupt into ``sys.exit(1)``."""
+    import time
+
+    if not cfg.task.get("fit"):
+        print("ready", flush=True)
+        time.sleep(120)
+        return []
+    import lightning as L
+    import torch
+
+    class Wait(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, i):
+            print("ready", flush=True)
+            time.sleep(120)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False).fit(Wait(), torch.utils.data.DataLoader(torch.zeros(2, 1)))
     return []

@@ -1,5 +1,6 @@
 """Hydra composition of conf/, overrides, and the entry point's errors."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from i2d2.config import CONF_DIR
+from i2d2.io import LOCK_INFO
+from process_env import launch_env
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 
@@ -78,6 +81,26 @@ def test_cli_prints_resolved_config_and_rejects_unknown_keys():
     bad = subprocess.run([sys.executable, "-m", "i2d2.train", "--cfg", "job", "itteration=2"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode != 0 and "itteration" in bad.stderr
+
+
+@pytest.mark.parametrize("fit", [False, True], ids=["outside a fit", "in a Lightning fit"])
+def test_ctrl_c_exits_130_with_one_line_and_releases_the_lock(tmp_path, fit):
+    # it exited 1: with a traceback, or (in a fit) through Lightning's sys.exit(1)
+    p = subprocess.Popen([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={tmp_path}",
+                          "task.recipe=tests.entry_point_recipe.wait_for_interrupt", f"+task.fit={str(fit).lower()}"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_env())
+    try:
+        for line in p.stdout:  # Hydra and Lightning log here too
+            if line.strip() == "ready":
+                break
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == \
+        f"interrupted: the i2d2 run in {tmp_path}; rerun the same command to resume"
+    assert not (tmp_path / LOCK_INFO).exists()
 
 
 # ----------------------------------------------------------------------------- start-up value checks, every task
