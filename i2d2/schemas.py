@@ -17,6 +17,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 
+def is_count(v) -> bool:
+    """An integer >= 1 (a batch size): a null or a string fails here with the key named, not in ``int()``."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
 def _sentence_ends() -> list[str]:
     return [".", "!", "?", "\n"]
 
@@ -121,7 +126,7 @@ class CriticConfig:
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"critic.on_error: must be raise or skip, got {self.on_error!r}")
         for k in ("batch_size", "eval_batch_size", "perplexity_batch_size"):
-            if int(getattr(self, k)) < 1:
+            if not is_count(getattr(self, k)):
                 raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
     perplexity_batch_size: int = 16
     perplexity_per: str = "word"  # the baseline ranker's perplexity unit (word | token)
@@ -149,7 +154,7 @@ class CrossEncoderConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if int(self.batch_size) < 1:  # named where conf/task/comparatives.yaml places this schema
+        if not is_count(self.batch_size):  # named where conf/task/comparatives.yaml places this schema
             raise ValueError(f"task.filters.contradiction.cross_encoder.batch_size: must be an integer >= 1, got "
                              f"{self.batch_size!r}")
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from i2d2.io import DataError, read_jsonl
+from i2d2.schemas import is_count
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class QAEvalConfig:
             raise ValueError(f"qa eval: on_unbalanced must be 'error' or 'warn', got {self.on_unbalanced!r}")
         if not 0.5 <= self.max_share <= 1.0 or self.shots < 0:
             raise ValueError(f"qa eval: max_share must be in [0.5, 1] and shots >= 0, got {self}")
-        if int(self.batch_size) < 1:
+        if not is_count(self.batch_size):
             raise ValueError(f"qa eval: batch_size must be an integer >= 1, got {self.batch_size!r}")
 
 
