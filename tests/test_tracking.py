@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -45,17 +46,24 @@ def _wandb_records(path: Path):
             yield rec
 
 
-def _offline_config(run_dir: Path) -> dict:
+def _offline_config(run_dir: Path, expect: str = "decoding/beam_size", wait_s: float = 60.0) -> dict:
     """The config W&B recorded in the (single) offline run folder under run_dir: ``{key: value}`` (the run's
-    config record, then every config update, as ``wandb sync`` would upload them)."""
+    config record, then every config update, as ``wandb sync`` would upload them). W&B's service process writes
+    the log after ``wandb.finish()`` returns, so on a busy machine the file is read again (up to ``wait_s``) until
+    it holds ``expect`` (the suite once read it before the config records were there)."""
     runs = sorted(Path(run_dir).glob("wandb/offline-run-*"))
     assert len(runs) == 1, runs
-    config: dict = {}
-    for rec in _wandb_records(next(runs[0].glob("run-*.wandb"))):
-        items = rec.run.config.update if rec.HasField("run") else rec.config.update if rec.HasField("config") else []
-        for item in items:
-            config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-    return config
+    deadline = time.monotonic() + wait_s
+    while True:
+        config: dict = {}
+        for rec in _wandb_records(next(runs[0].glob("run-*.wandb"))):
+            items = (rec.run.config.update if rec.HasField("run") else rec.config.update if rec.HasField("config")
+                     else [])
+            for item in items:
+                config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        if expect in config or time.monotonic() > deadline:
+            return config
+        time.sleep(0.5)
 
 
 @pytest.fixture(autouse=True)
