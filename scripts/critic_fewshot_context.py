@@ -1,0 +1,252 @@
+"""Experiment: does few-shot in-context conditioning help the default probe critic?
+
+Reads the I2D2 critic's labelled data and splits exactly as ``critics.train.train_critic`` does (default ``critic``
+config: ``complete_only``, ``canonicalize``, concepts grouped into train / dev / test). Each variant puts a short
+instruction and k labelled examples drawn from the TRAIN split only (true generics and not-true ones of each kind:
+vague, episodic, ad_copy, false; written "Statement: ...\\nJudgement: true|false") before every statement, as
+
+  <bos>instruction + examples  Statement: <s>\\nJudgement:
+
+and reads, from one forward pass per statement (the prefix is run once and its KV cache copied over each batch):
+
+  stmt         layer-``probe_layer`` states of the statement's own tokens: mean ‖ last token (the probe's pooling)
+  judge        the layer-``probe_layer`` state at the trailing "Judgement:" (its last token, ":")
+  stmt|judge   both concatenated
+  LM margin    logit(" true") - logit(" false") at that position, the LM's own verdict: a ranker with no training
+
+The first three get the probe's fit (standardised, logistic regression, C chosen on dev; the example statements are
+left out of the fit). The plain probe (``critics.probe.lm_features``, no context) is reproduced alongside. A
+variant is picked by dev AP only; test AP of every row is printed, and test chose nothing. Before the variants, two
+statements are checked against a forward of prefix + statement without the cache.
+
+  python scripts/critic_fewshot_context.py [--limit N] [--variants k8a,k8b,k16]
+  # ~19 min on 1 CPU thread for the 2,911 statements (plain probe ~7 min, each variant ~3 min); --limit 20 ~1 min
+
+Variants: k8a / k8b = 4 true + one each of vague, episodic, ad_copy, false (two seeded draws); k16 = 8 true + two of
+each. Measured (test 608 statements, 26 % true): the plain probe reads dev 0.706 / test 0.622; dev picks k16
+stmt|judge, dev 0.712 / test 0.669 (stmt|judge of the other two: dev 0.701 / 0.691, test 0.653 / 0.661). Its dev gain
+(+0.006, 90 % concept-bootstrap interval -0.025..+0.043) is within noise, so the choice over the plain probe is a
+coin flip on dev; its test gain (+0.039 median, -0.016..+0.078) is not significant either, and 0.85 stays far away.
+The LM's own margin logit(" true") - logit(" false") ranks near the base rate (test AP 0.27-0.30).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import inspect
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+INSTRUCTION = ("Each statement is judged true when it is a complete, generally true fact about a kind of thing "
+               "or about how to reach a goal, and false when it is false, vague or empty, about one particular "
+               "situation, or advertising.\n\n")
+NOT_TRUE = ("too_vague_to_judge", "episodic", "ad_copy", "false")
+# name: (examples per not-true label, true examples, seed of the draw)
+VARIANTS = {"k8a": (1, 4, 0), "k8b": (1, 4, 1), "k16": (2, 8, 0)}
+
+
+def pick_examples(rows, texts, train_idx, per_bad: int, n_true: int, seed: int, max_words: int = 14):
+    """Train-split indices of the examples: ``n_true`` true ones and ``per_bad`` of each not-true label, short
+    (<= ``max_words`` words), one per concept, drawn with ``seed``; true and not true alternate."""
+    rng = np.random.default_rng(seed)
+    pool = [i for i in train_idx if len(texts[i].split()) <= max_words]
+    rng.shuffle(pool)
+    used, picked = set(), {}
+    for label, n in [("true", n_true)] + [(b, per_bad) for b in NOT_TRUE]:
+        got = []
+        for i in pool:
+            if len(got) == n:
+                break
+            if rows[i]["label"] == label and rows[i]["concept"] not in used:
+                got.append(int(i))
+                used.add(rows[i]["concept"])
+        if len(got) < n:
+            raise ValueError(f"only {len(got)} short train examples labelled {label!r}")
+        picked[label] = got
+    bad = [picked[b][j] for j in range(per_bad) for b in NOT_TRUE]  # kinds interleaved
+    good = picked["true"]
+    first, second = (good, bad) if seed % 2 == 0 else (bad, good)  # an odd seed's draw starts with a not-true one
+    return [x for pair in zip(first, second) for x in pair]
+
+
+def encode(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def item_ids(tok, statement: str):
+    """Token ids of "Statement: <s>\\nJudgement:" and the (start, end) of the statement's own tokens."""
+    head, body, tail = encode(tok, "Statement:"), encode(tok, " " + statement), encode(tok, "\nJudgement:")
+    return head + body + tail, (len(head), len(head) + len(body))
+
+
+@torch.no_grad()
+def fewshot_features(model, tok, prefix: list[int], texts, layer: int, batch_size: int = 16):
+    """(stmt features (n, 2h), judge features (n, h), margin (n,)) of each text after the cached ``prefix``."""
+    from tqdm.auto import tqdm
+
+    n, hidden = len(texts), model.config.get_text_config().hidden_size
+    stmt, judge, margin = np.zeros((n, 2 * hidden), np.float32), np.zeros((n, hidden), np.float32), np.zeros(n)
+    items = [item_ids(tok, t) for t in texts]
+    P = len(prefix)
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    longest = P + max(len(ids) for ids, _ in items)
+    if window and longest > window:  # past the window the sliding layers would drop prefix tokens: not what we read
+        raise ValueError(f"prefix + statement is {longest} tokens, over the sliding window {window}")
+    emb = model.get_output_embeddings().weight
+    w = (emb[encode(tok, " true")[0]] - emb[encode(tok, " false")[0]]).float()
+    base = model.model if hasattr(model, "model") else model.base_model
+    # transformers renamed ``past_key_values`` to ``cache`` (as i2d2.decoding.neurologic reads it)
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    out = base(input_ids=torch.tensor([prefix]), use_cache=True)
+    prefix_cache = getattr(out, "cache", None) or out.past_key_values
+    order = np.argsort([len(ids) for ids, _ in items], kind="stable")
+    for s in tqdm(range(0, n, batch_size), desc="few-shot features", total=(n + batch_size - 1) // batch_size):
+        idx = order[s:s + batch_size]
+        B, L = len(idx), max(len(items[i][0]) for i in idx)
+        ids = torch.full((B, L), tok.pad_token_id)
+        am = torch.zeros((B, P + L), dtype=torch.long)
+        am[:, :P] = 1
+        for r, i in enumerate(idx):  # right padding: every real token sits at P + its offset
+            ids[r, :len(items[i][0])] = torch.tensor(items[i][0])
+            am[r, P:P + len(items[i][0])] = 1
+        cache = copy.deepcopy(prefix_cache)
+        cache.batch_repeat_interleave(B)
+        o = base(input_ids=ids, attention_mask=am, use_cache=True, output_hidden_states=True, **{cache_kw: cache})
+        h, top = o.hidden_states[layer].float(), o.last_hidden_state.float()
+        for r, i in enumerate(idx):
+            a, b = items[i][1]
+            last = len(items[i][0]) - 1
+            stmt[i] = torch.cat([h[r, a:b].mean(0), h[r, b - 1]]).numpy()
+            judge[i] = h[r, last].numpy()
+            margin[i] = float(top[r, last] @ w)
+    return stmt, judge, margin
+
+
+@torch.no_grad()
+def check_cache(model, tok, prefix, texts, layer: int, got) -> float:
+    """Largest |difference| between the cached batched features of ``texts`` and a plain forward of prefix + item."""
+    base = model.model if hasattr(model, "model") else model.base_model
+    emb = model.get_output_embeddings().weight
+    w = (emb[encode(tok, " true")[0]] - emb[encode(tok, " false")[0]]).float()
+    worst = 0.0
+    for k, t in enumerate(texts):
+        ids, (a, b) = item_ids(tok, t)
+        o = base(input_ids=torch.tensor([prefix + ids]), output_hidden_states=True)
+        h, P = o.hidden_states[layer][0].float(), len(prefix)
+        ref = [torch.cat([h[P + a:P + b].mean(0), h[P + b - 1]]).numpy(), h[-1].numpy(),
+               np.array([float(o.last_hidden_state[0, -1].float() @ w)])]
+        for x, y in zip(ref, (got[0][k], got[1][k], np.array([got[2][k]]))):
+            worst = max(worst, float(np.abs(x - y).max() / (np.abs(x).max() + 1e-6)))
+    return worst
+
+
+def paired_bootstrap(y, a, b, groups, n: int = 1000, seed: int = 0):
+    """5th, 50th, 95th percentiles of AP(a) - AP(b) over resamples of whole concepts (the split's unit)."""
+    from critics.metrics import average_precision
+
+    rng = np.random.default_rng(seed)
+    names = np.unique(groups)
+    rows = {g: np.flatnonzero(groups == g) for g in names}
+    d = []
+    for _ in range(n):
+        idx = np.concatenate([rows[g] for g in rng.choice(names, len(names))])
+        d.append(average_precision(y[idx], a[idx]) - average_precision(y[idx], b[idx]))
+    return tuple(np.nanpercentile(d, [5, 50, 95]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N statements of each split (a smoke run)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from hydra import compose, initialize_config_dir
+    from sklearn.preprocessing import StandardScaler
+
+    from critics.metrics import average_precision
+    from critics.probe import best_on_dev, positive_scores, probe_classifier, probe_lm_features
+    from critics.train import critic_config, labelled_splits
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose(config_name="train")
+    c = critic_config(cfg.critic)
+    rows, texts, ys, (tr, dv, te), _ = labelled_splits(c, list(c["seed_annotations"]))
+    full_rows, full_texts, full_tr = rows, texts, np.asarray(tr)  # examples come from the whole train split
+    if args.limit:  # a smoke run: the first N statements of each split
+        parts = [np.asarray(x[:args.limit]) for x in (tr, dv, te)]
+        keep = np.concatenate(parts)
+        rows, texts, ys = [rows[i] for i in keep], [texts[i] for i in keep], ys[keep]
+        tr, dv, te = np.split(np.arange(len(keep)), np.cumsum([len(x) for x in parts])[:2])
+    layer = int(c["probe_layer"])
+    print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), layer {layer}, "
+          f"test base rate {ys[te].mean():.2f}", flush=True)
+
+    scores = {}  # (variant, readout) -> scores of every statement (dev and test rows filled)
+
+    def fit(F, train, key):  # the default critic's fit (critics.probe.fit_probe) on other features
+        Fs = StandardScaler().fit(F[train]).transform(F)
+        (ap_dev, C, clf), _ = best_on_dev(probe_classifier(c), c["probe_C"], Fs, ys, train, dv)
+        scores[key] = positive_scores(clf, Fs)
+        return ap_dev, average_precision(ys[te], scores[key][te]), float(C)
+
+    results = []  # (variant, readout, dev AP, test AP, C, seconds of features)
+    t0 = time.time()
+    X, model, tok = probe_lm_features(c, texts)
+    model.eval()
+    secs = time.time() - t0
+    results.append(("none (plain probe)", "mean|last", *fit(X, tr, ("none (plain probe)", "mean|last")), secs))
+    print(f"plain probe: dev {results[-1][2]:.3f} test {results[-1][3]:.3f} ({secs:.0f}s)", flush=True)
+
+    for name in [v for v in args.variants.split(",") if v]:
+        per_bad, n_true, seed = VARIANTS[name]
+        ex = pick_examples(full_rows, full_texts, full_tr, per_bad, n_true, seed)
+        lines = "".join(f"Statement: {full_texts[i]}\nJudgement: {'true' if full_rows[i]['y'] else 'false'}\n\n"
+                        for i in ex)
+        prefix = [tok.bos_token_id] + encode(tok, INSTRUCTION + lines)
+        print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{INSTRUCTION + lines}", flush=True)
+        ex_stmts = {full_rows[i]["statement"] for i in ex}
+        train = np.array([i for i in tr if rows[i]["statement"] not in ex_stmts])  # the examples leave the fit
+        t0 = time.time()
+        S, J, M = fewshot_features(model, tok, prefix, texts, layer, args.batch_size)
+        secs = time.time() - t0
+        probe_idx = [int(dv[0]), int(te[-1])]
+        err = check_cache(model, tok, prefix, [texts[i] for i in probe_idx], layer,
+                          (S[probe_idx], J[probe_idx], M[probe_idx]))
+        print(f"cache check on 2 statements: largest relative difference {err:.1e}", flush=True)
+        if err > 1e-3:
+            raise RuntimeError(f"cached features differ from a plain forward ({err:.1e})")
+        for readout, F in (("stmt", S), ("judge", J), ("stmt|judge", np.concatenate([S, J], 1))):
+            results.append((name, readout, *fit(F, train, (name, readout)), secs))
+            print(f"{name} {readout}: dev {results[-1][2]:.3f} test {results[-1][3]:.3f}", flush=True)
+        scores[(name, "LM margin (no fit)")] = M
+        results.append((name, "LM margin (no fit)", average_precision(ys[dv], M[dv]),
+                        average_precision(ys[te], M[te]), float("nan"), secs))
+        print(f"{name} LM margin: dev {results[-1][2]:.3f} test {results[-1][3]:.3f}", flush=True)
+
+    print(f"\n{'context':20s} {'readout':20s} {'dev AP':>7s} {'test AP':>8s} {'C':>6s} {'features s':>10s}")
+    for v, r, d, t, C, s in results:
+        print(f"{v:20s} {r:20s} {d:7.3f} {t:8.3f} {C:6g} {s:10.0f}")
+    best = max(results, key=lambda x: x[2])
+    print(f"\nchosen on dev: {best[0]} / {best[1]} (dev {best[2]:.3f}, test {best[3]:.3f}); plain probe test "
+          f"{results[0][3]:.3f}; test base rate {ys[te].mean():.2f}")
+    concepts = np.array([r["concept"] for r in rows])
+    for split, idx in (("dev", dv), ("test", te)):
+        lo, mid, hi = paired_bootstrap(ys[idx], scores[best[:2]][idx], scores[results[0][:2]][idx], concepts[idx])
+        print(f"{split} AP gain of the chosen over the plain probe, concepts resampled (1,000 draws): median "
+              f"{mid:+.3f}, 90% interval [{lo:+.3f}, {hi:+.3f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
