@@ -28,6 +28,32 @@ stmt|judge, dev 0.712 / test 0.669 (stmt|judge of the other two: dev 0.701 / 0.6
 (+0.006, 90 % concept-bootstrap interval -0.025..+0.043) is within noise, so the choice over the plain probe is a
 coin flip on dev; its test gain (+0.039 median, -0.016..+0.078) is not significant either, and 0.85 stays far away.
 The LM's own margin logit(" true") - logit(" false") ranks near the base rate (test AP 0.27-0.30).
+
+``--cv`` replaces that dev pick, too small to trust, with grouped K-fold cross-validation on train + dev together
+(groups = concepts, 5 folds; the 16 k16 example rows leave every variant's rows; test is never used to choose):
+
+  python scripts/critic_fewshot_context.py --cv [--drop-example-concepts] [--shuffle-seed S] [--cache-dir DIR]
+  # first run ~13 min on 1 CPU thread (features: plain 441 s, k16 195 s, k0 150 s), cached in DIR (default: the
+  # repository root) as features_{plain,k16,k0}.npz, keyed by LM, layer, prefix and texts; a rerun ~20 s (fits only)
+
+Variants: the plain probe, k16 stmt / judge / stmt|judge, and k0 stmt|judge (the instruction line, no examples: a
+control for the template). For every C of ``probe_C``: scaler + logistic regression fitted on 4 folds, AP on the
+fifth; each variant's C is the best mean CV AP; then test AP of each, fitted on all train + dev rows at that C, is
+printed as description only. Measured (2,287 statements, 253 concepts; GroupKFold's fixed partition):
+
+  variant          C      CV AP (± sd over folds)  folds > plain  test AP (descriptive)
+  plain            0.003  0.693 ± 0.067            -              0.643
+  k16 stmt         0.003  0.711 ± 0.048            4/5            0.648
+  k16 judge        0.01   0.683 ± 0.068            1/5            0.676
+  k16 stmt|judge   0.003  0.715 ± 0.055            4/5            0.685
+  k0 stmt|judge    0.003  0.695 ± 0.059            2/5            0.646
+
+k16 stmt|judge minus plain, per fold: +0.044 +0.047 -0.004 +0.005 +0.020 (mean +0.022); the k0 control is level
+with plain (+0.002), so the gain comes from the examples, not the template. Five shuffled partitions (seeds 0-4) give
+mean gains +0.025 / +0.032 / +0.019 / +0.010 / +0.023 with 3, 5, 4, 5, 4 of 5 folds above 0; CV picks k16
+stmt|judge on every partition. With the examples' whole concepts also left out (--drop-example-concepts, 2,082
+statements) the gain is +0.030, 5 of 5 folds: no leak through the examples' concepts. A small gain, in the same
+direction on 25 of 30 folds; the folds share their training rows, so they are not independent draws.
 """
 
 from __future__ import annotations
@@ -50,7 +76,8 @@ INSTRUCTION = ("Each statement is judged true when it is a complete, generally t
                "situation, or advertising.\n\n")
 NOT_TRUE = ("too_vague_to_judge", "episodic", "ad_copy", "false")
 # name: (examples per not-true label, true examples, seed of the draw)
-VARIANTS = {"k8a": (1, 4, 0), "k8b": (1, 4, 1), "k16": (2, 8, 0)}
+VARIANTS = {"k8a": (1, 4, 0), "k8b": (1, 4, 1), "k16": (2, 8, 0), "k0": (0, 0, 0)}  # k0: the instruction alone
+DEFAULT_VARIANTS = "k8a,k8b,k16"
 
 
 def pick_examples(rows, texts, train_idx, per_bad: int, n_true: int, seed: int, max_words: int = 14):
@@ -79,6 +106,15 @@ def pick_examples(rows, texts, train_idx, per_bad: int, n_true: int, seed: int, 
 
 def encode(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def build_prefix(tok, name: str, rows, texts, train_idx):
+    """(prefix token ids, example row indices, prefix text) of variant ``name``: <bos>, the instruction, its
+    examples from the train rows ``train_idx`` ("Statement: ...\nJudgement: true|false", blank-line separated)."""
+    per_bad, n_true, seed = VARIANTS[name]
+    ex = pick_examples(rows, texts, train_idx, per_bad, n_true, seed) if n_true or per_bad else []
+    lines = "".join(f"Statement: {texts[i]}\nJudgement: {'true' if rows[i]['y'] else 'false'}\n\n" for i in ex)
+    return [tok.bos_token_id] + encode(tok, INSTRUCTION + lines), ex, INSTRUCTION + lines
 
 
 def item_ids(tok, statement: str):
@@ -162,12 +198,156 @@ def paired_bootstrap(y, a, b, groups, n: int = 1000, seed: int = 0):
     return tuple(np.nanpercentile(d, [5, 50, 95]))
 
 
+def cached_features(path: Path, key: str, compute):
+    """Arrays of ``compute()`` (a dict of arrays), kept in ``path`` (npz) with their ``key`` and the seconds they
+    took; a file whose key differs (other texts, prefix, layer or LM) is recomputed. Returns (arrays, seconds,
+    whether read from the file)."""
+    if path.exists():
+        with np.load(path) as z:
+            if str(z["key"]) == key:
+                return {k: z[k] for k in z.files if k not in ("key", "seconds")}, float(z["seconds"]), True
+    t0 = time.time()
+    arrays = compute()
+    secs = time.time() - t0
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, key=np.array(key), seconds=np.array(secs), **arrays)
+    tmp.replace(path)
+    return arrays, secs, False
+
+
+def feature_key(**parts) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr) -> int:
+    """``--cv``: grouped 5-fold cross-validation on train + dev (concepts as groups) of the plain probe, k16 (stmt,
+    judge, stmt|judge) and k0 (stmt|judge); test only described, at each variant's CV-chosen C."""
+    from sklearn.model_selection import GroupKFold
+    from sklearn.preprocessing import StandardScaler
+    from threadpoolctl import threadpool_limits
+
+    from critics.metrics import average_precision
+    from critics.probe import lm_features, positive_scores, probe_classifier
+    from i2d2.lightning_setup import resolve_device
+    from i2d2.models import load_causal_lm
+
+    layer, grid = int(c["probe_layer"]), [float(x) for x in c["probe_C"]]
+    cache_dir = Path(args.cache_dir)
+    suffix = f"_limit{args.limit}" if args.limit else ""
+    model, tok = load_causal_lm(c["probe_lm"])  # a few seconds; the prefixes need its tokenizer
+    model = model.to(resolve_device(None)).eval()
+
+    feats, secs, note = {}, {}, {}
+    X, s, hit = cached_features(
+        cache_dir / f"features_plain{suffix}.npz",
+        feature_key(kind="plain", lm=c["probe_lm"], layer=layer, max_length=int(c["max_length"]), texts=texts),
+        lambda: {"X": lm_features(model, tok, texts, layer, int(c["eval_batch_size"]),
+                                  int(c["max_length"]))})
+    feats["plain (mean|last)"], secs["plain (mean|last)"] = X["X"], s
+    note["plain (mean|last)"] = "cached" if hit else "computed"
+    print(f"plain features: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
+    example_stmts = set()
+    for name, readouts in (("k16", ("stmt", "judge", "stmt|judge")), ("k0", ("stmt|judge",))):
+        prefix, ex, text = build_prefix(tok, name, full_rows, full_texts, full_tr)
+        example_stmts |= {full_rows[i]["statement"] for i in ex}
+        print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
+        key = feature_key(kind="fewshot", lm=c["probe_lm"], layer=layer, prefix=prefix, texts=texts)
+        F, s, hit = cached_features(
+            cache_dir / f"features_{name}{suffix}.npz", key,
+            lambda p=prefix: dict(zip(("S", "J", "M"), fewshot_features(model, tok, p, texts, layer, args.batch_size))))
+        print(f"{name} features: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
+        if not hit:  # the cached batched forward against a plain one, as in the dev run
+            probe_idx = [int(dv[0]), int(te[-1])]
+            err = check_cache(model, tok, prefix, [texts[i] for i in probe_idx], layer,
+                              (F["S"][probe_idx], F["J"][probe_idx], F["M"][probe_idx]))
+            print(f"cache check on 2 statements: largest relative difference {err:.1e}", flush=True)
+            if err > 1e-3:
+                raise RuntimeError(f"cached features differ from a plain forward ({err:.1e})")
+        parts = {"stmt": F["S"], "judge": F["J"], "stmt|judge": np.concatenate([F["S"], F["J"]], 1)}
+        for r in readouts:
+            feats[f"{name} {r}"], secs[f"{name} {r}"], note[f"{name} {r}"] = parts[r], s, "cached" if hit else "computed"
+
+    # the k16 examples leave every variant's rows (CV folds and test alike), so all are scored on the same rows;
+    # --drop-example-concepts also drops the other statements of their concepts (the prompt shows one of each)
+    concepts = np.array([r["concept"] for r in rows])
+    example_concepts = {r["concept"] for r in full_rows if r["statement"] in example_stmts}
+    out = ((lambda i: rows[i]["statement"] in example_stmts or concepts[i] in example_concepts)
+           if args.drop_example_concepts else (lambda i: rows[i]["statement"] in example_stmts))
+    pool = np.array([i for i in np.concatenate([tr, dv]) if not out(i)])
+    test = np.array([i for i in te if not out(i)])
+    kfold = (GroupKFold(n_splits=args.folds) if args.shuffle_seed is None  # sklearn's size-balanced partition
+             else GroupKFold(n_splits=args.folds, shuffle=True, random_state=args.shuffle_seed))
+    folds = list(kfold.split(pool, ys[pool], concepts[pool]))
+    print(f"\nCV on train+dev: {len(pool)} statements ({len(tr) + len(dv) - len(pool)} example rows"
+          f"{' and their concepts' if args.drop_example_concepts else ''} left out), "
+          f"{len(np.unique(concepts[pool]))} concepts, {args.folds} grouped folds of "
+          f"{[len(h) for _, h in folds]} statements ({[int(ys[pool][h].sum()) for _, h in folds]} true); "
+          f"C grid {grid}; test {len(test)} statements", flush=True)
+
+    make = probe_classifier(c)
+    cv_ap, fit_s = {}, {}  # variant -> (len(grid), folds) APs; seconds of its fits
+    with threadpool_limits(limits=args.threads):
+        for v, F in feats.items():
+            t0 = time.time()
+            a = np.zeros((len(grid), len(folds)))
+            for f, (fit_rows, held) in enumerate(folds):
+                sc = StandardScaler().fit(F[pool[fit_rows]])
+                A, B = sc.transform(F[pool[fit_rows]]), sc.transform(F[pool[held]])
+                for g, C in enumerate(grid):
+                    m = make(C).fit(A, ys[pool[fit_rows]])
+                    a[g, f] = average_precision(ys[pool[held]], positive_scores(m, B))
+            cv_ap[v], fit_s[v] = a, time.time() - t0
+            print(f"{v}: CV AP by C " + " ".join(f"{C:g}:{a[g].mean():.3f}" for g, C in enumerate(grid))
+                  + f" ({fit_s[v]:.0f}s of fits)", flush=True)
+
+        best = {v: int(np.argmax(a.mean(1))) for v, a in cv_ap.items()}  # the first best mean CV AP
+        test_ap = {}
+        for v, F in feats.items():  # descriptive only: fitted on all train+dev rows at the CV-chosen C
+            sc = StandardScaler().fit(F[pool])
+            m = make(grid[best[v]]).fit(sc.transform(F[pool]), ys[pool])
+            test_ap[v] = average_precision(ys[test], positive_scores(m, sc.transform(F[test])))
+
+    ref = "plain (mean|last)"
+    per_fold = {v: cv_ap[v][best[v]] for v in feats}
+    print(f"\n{'variant':20s} {'C':>6s} {'CV AP mean ± sd':>17s} {'folds > plain':>13s} {'test AP':>8s} "
+          f"{'features s':>11s}")
+    for v in feats:
+        a = per_fold[v]
+        wins = "-" if v == ref else f"{int((a > per_fold[ref]).sum())}/{len(a)}"
+        print(f"{v:20s} {grid[best[v]]:6g} {a.mean():9.3f} ± {a.std(ddof=1):.3f} {wins:>13s} {test_ap[v]:8.3f} "
+              f"{secs[v]:7.0f} ({note[v]})")
+    print("(sd over folds, ddof 1; each variant at its own CV-best C; test AP is description only, chose nothing)")
+    print(f"\nper-fold AP minus the plain probe's (each at its CV-best C), folds 1..{len(folds)}:")
+    for v in feats:
+        if v != ref:
+            d = per_fold[v] - per_fold[ref]
+            print(f"  {v:20s} " + " ".join(f"{x:+.3f}" for x in d)
+                  + f"   mean {d.mean():+.3f} (sd {d.std(ddof=1):.3f}), {int((d > 0).sum())} of {len(d)} above 0")
+    d = per_fold["k16 stmt|judge"] - per_fold["k0 stmt|judge"]
+    print(f"  {'k16 - k0 stmt|judge':20s} " + " ".join(f"{x:+.3f}" for x in d)
+          + f"   mean {d.mean():+.3f} (sd {d.std(ddof=1):.3f}), {int((d > 0).sum())} of {len(d)} above 0")
+    chosen = max(feats, key=lambda v: per_fold[v].mean())
+    print(f"\nchosen by CV: {chosen} (CV AP {per_fold[chosen].mean():.3f}); plain probe {per_fold[ref].mean():.3f}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=0, help="only the first N statements of each split (a smoke run)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of {list(VARIANTS)}")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cv", action="store_true",
+                    help="grouped K-fold CV on train+dev instead of the dev pick (plain, k16, k0; --variants unused)")
+    ap.add_argument("--folds", type=int, default=5, help="--cv: number of concept-grouped folds")
+    ap.add_argument("--cache-dir", default=str(ROOT), help="--cv: where features_*.npz are kept (reruns only fit)")
+    ap.add_argument("--drop-example-concepts", action="store_true",
+                    help="--cv: also leave out every statement of the k16 examples' concepts (a leak check)")
+    ap.add_argument("--shuffle-seed", type=int, default=None,
+                    help="--cv: a shuffled grouped partition with this seed (default: GroupKFold's fixed one)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -191,6 +371,8 @@ def main(argv=None) -> int:
     layer = int(c["probe_layer"])
     print(f"{len(texts)} statements ({len(tr)} train / {len(dv)} dev / {len(te)} test), layer {layer}, "
           f"test base rate {ys[te].mean():.2f}", flush=True)
+    if args.cv:
+        return run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
 
     scores = {}  # (variant, readout) -> scores of every statement (dev and test rows filled)
 
@@ -209,12 +391,8 @@ def main(argv=None) -> int:
     print(f"plain probe: dev {results[-1][2]:.3f} test {results[-1][3]:.3f} ({secs:.0f}s)", flush=True)
 
     for name in [v for v in args.variants.split(",") if v]:
-        per_bad, n_true, seed = VARIANTS[name]
-        ex = pick_examples(full_rows, full_texts, full_tr, per_bad, n_true, seed)
-        lines = "".join(f"Statement: {full_texts[i]}\nJudgement: {'true' if full_rows[i]['y'] else 'false'}\n\n"
-                        for i in ex)
-        prefix = [tok.bos_token_id] + encode(tok, INSTRUCTION + lines)
-        print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{INSTRUCTION + lines}", flush=True)
+        prefix, ex, text = build_prefix(tok, name, full_rows, full_texts, full_tr)
+        print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
         ex_stmts = {full_rows[i]["statement"] for i in ex}
         train = np.array([i for i in tr if rows[i]["statement"] not in ex_stmts])  # the examples leave the fit
         t0 = time.time()
