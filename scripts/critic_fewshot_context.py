@@ -33,8 +33,9 @@ The LM's own margin logit(" true") - logit(" false") ranks near the base rate (t
 (groups = concepts, 5 folds; the 16 k16 example rows leave every variant's rows; test is never used to choose):
 
   python scripts/critic_fewshot_context.py --cv [--drop-example-concepts] [--shuffle-seed S] [--cache-dir DIR]
-  # first run ~13 min on 1 CPU thread (features: plain 441 s, k16 195 s, k0 150 s), cached in DIR (default: the
-  # repository root) as features_{plain,k16,k0}.npz, keyed by LM, layer, prefix and texts; a rerun ~20 s (fits only)
+  # first run ~13 min on 1 CPU thread (features: plain 441 s, k16 195 s, k0 150 s), cached in DIR (default:
+  # runs/critic_fewshot_features, git-ignored) as features_{plain,k16,k0}.npz, keyed by LM, layer, prefix and
+  # texts; a rerun ~20 s (fits only)
 
 Variants: the plain probe, k16 stmt / judge / stmt|judge, and k0 stmt|judge (the instruction line, no examples: a
 control for the template). For every C of ``probe_C``: scaler + logistic regression fitted on 4 folds, AP on the
@@ -209,6 +210,7 @@ def cached_features(path: Path, key: str, compute):
     t0 = time.time()
     arrays = compute()
     secs = time.time() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, key=np.array(key), seconds=np.array(secs), **arrays)
     tmp.replace(path)
@@ -343,7 +345,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cv", action="store_true",
                     help="grouped K-fold CV on train+dev instead of the dev pick (plain, k16, k0; --variants unused)")
     ap.add_argument("--folds", type=int, default=5, help="--cv: number of concept-grouped folds")
-    ap.add_argument("--cache-dir", default=str(ROOT), help="--cv: where features_*.npz are kept (reruns only fit)")
+    ap.add_argument("--cache-dir", default=str(ROOT / "runs" / "critic_fewshot_features"), help="--cv: where features_*.npz are kept (reruns only fit)")
     ap.add_argument("--drop-example-concepts", action="store_true",
                     help="--cv: also leave out every statement of the k16 examples' concepts (a leak check)")
     ap.add_argument("--shuffle-seed", type=int, default=None,
