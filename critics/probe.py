@@ -11,6 +11,7 @@ The model folder holds ``critic_meta.json`` (``kind: probe``, the LM name, layer
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -40,14 +41,17 @@ def lm_features(model, tok, texts: Sequence[str], layer: int, batch_size: int = 
     hidden = model.config.get_text_config().hidden_size
     out = np.zeros((len(texts), 2 * hidden), dtype=np.float32)
     order = np.argsort([len(t) for t in texts], kind="stable")
+    # only hidden states are read: the LM head's logits for one position, not every token (Gemma's 262k-word head
+    # costs more than its body, and [batch, tokens, 262k] floats are gigabytes)
+    head_kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     try:
         for start in tqdm(range(0, len(texts), batch_size), desc="critic features", disable=not progress,
                           total=(len(texts) + batch_size - 1) // batch_size):
             idx = order[start:start + batch_size]
             enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True, truncation=True,
                       max_length=max_length).to(device)
-            h = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                      output_hidden_states=True).hidden_states[layer].float()
+            h = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_hidden_states=True,
+                      **head_kw).hidden_states[layer].float()
             mask = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
             mean = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
             last = h[torch.arange(len(idx), device=device), enc["attention_mask"].sum(1) - 1]

@@ -5,6 +5,7 @@ import csv
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from critics.data import ANNOTATION_DIR, grouped_split3, load_annotations
@@ -331,6 +332,29 @@ def test_probe_critic_trains_scores_and_ignores_leading_adverbs(tmp_path):
     np.testing.assert_allclose(again, [r["critic_score"] for r in test], atol=1e-5)
     # reused, not refitted
     assert train_critic(cfg, [sub], tmp_path / "critic")["fit_seconds"] is None
+
+
+def test_probe_features_are_the_hidden_states_without_the_vocabulary_logits():
+    # lm_features asks the LM head for one position only (logits_to_keep=1): the features must be exactly the
+    # layer's states of a full forward, padding and all
+    from critics.probe import lm_features
+    from i2d2.models import load_causal_lm
+
+    model, tok = load_causal_lm("tiny:gpt2")
+    texts = ["Birds can fly.", "A knife is used for cutting bread and meat.", "Ovens"]
+    seen = []
+    hook = model.register_forward_hook(lambda m, a, kw, out: seen.append((kw.get("logits_to_keep"), out.logits.shape)),
+                                       with_kwargs=True)
+    got = lm_features(model, tok, texts, layer=1, batch_size=2, progress=False)
+    hook.remove()
+    assert seen and all(k == 1 and shape[1] == 1 for k, shape in seen)
+    want = []
+    for t in texts:
+        enc = tok(t, return_tensors="pt")
+        with torch.no_grad():
+            h = model(**enc, output_hidden_states=True).hidden_states[1][0].float()
+        want.append(torch.cat([h.mean(0), h[-1]]).numpy())
+    np.testing.assert_allclose(got, np.stack(want), atol=1e-5)
 
 
 def test_canonical_statement_strips_only_a_leading_hedge():
