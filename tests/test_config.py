@@ -86,21 +86,25 @@ def test_cli_prints_resolved_config_and_rejects_unknown_keys():
 @pytest.mark.parametrize("fit", [False, True], ids=["outside a fit", "in a Lightning fit"])
 def test_ctrl_c_exits_130_with_one_line_and_releases_the_lock(tmp_path, fit):
     # it exited 1: with a traceback, or (in a fit) through Lightning's sys.exit(1)
-    p = subprocess.Popen([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={tmp_path}",
-                          "task.recipe=tests.entry_point_recipe.wait_for_interrupt", f"+task.fit={str(fit).lower()}"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launch_env())
-    try:
-        for line in p.stdout:  # Hydra and Lightning log here too
-            if line.strip() == "ready":
-                break
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=120)
-    finally:
-        p.kill()
+    run = tmp_path / "run"
+    # stderr goes to a file: a pipe nobody reads until the end could fill and stall the child before "ready"
+    with open(tmp_path / "stderr.txt", "w") as err_file:
+        p = subprocess.Popen([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={run}",
+                              "task.recipe=tests.entry_point_recipe.wait_for_interrupt", f"+task.fit={str(fit).lower()}"],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True, env=launch_env())
+        try:
+            for line in p.stdout:  # Hydra and Lightning log here too; the child sleeps at most 120 s after "ready"
+                if line.strip() == "ready":
+                    break
+            p.send_signal(signal.SIGINT)
+            p.communicate(timeout=120)
+        finally:
+            p.kill()
+    err = (tmp_path / "stderr.txt").read_text()
     assert p.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == \
-        f"interrupted: the i2d2 run in {tmp_path}; rerun the same command to resume"
-    assert not (tmp_path / LOCK_INFO).exists()
+        f"interrupted: the i2d2 run in {run}; rerun the same command to resume"
+    assert not (run / LOCK_INFO).exists()
 
 
 # ----------------------------------------------------------------------------- start-up value checks, every task
@@ -128,7 +132,10 @@ def _start(overrides):
                             ["+data.sources.gkb={path: /data/gkb.tsv, format: genericskb, options: {min_statements: 5}}",
                              "+data.relations.mine=/data/mine.txt", "data.sources.nouns.relations=mine"],
                             ["task=cmp", "+data.downstream.hotpotqa.dev_path=/data/dev.json"],
-                            ["data.perplexity.batch_size=null", "data.perplexity.chunk_size=null"]],  # null: the default
+                            ["data.perplexity.batch_size=null", "data.perplexity.chunk_size=null"],  # null: the default
+                            # a user's own recipe reads its own task and data keys: neither section is checked
+                            ["task.recipe=tests.entry_point_recipe.open_group", "+task.my_option=1",
+                             "+data.my_corpus=/x.jsonl"]],
                          ids=str)
 def test_shipped_configs_pass_the_start_up_checks(overrides):
     _start(overrides)

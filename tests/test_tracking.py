@@ -46,22 +46,30 @@ def _wandb_records(path: Path):
             yield rec
 
 
-def _offline_config(run_dir: Path, expect: str = "decoding/beam_size", wait_s: float = 60.0) -> dict:
+def _offline_config(run_dir: Path, wait_s: float = 60.0) -> dict:
     """The config W&B recorded in the (single) offline run folder under run_dir: ``{key: value}`` (the run's
     config record, then every config update, as ``wandb sync`` would upload them). W&B's service process writes
     the log after ``wandb.finish()`` returns, so on a busy machine the file is read again (up to ``wait_s``) until
-    it holds ``expect`` (the suite once read it before the config records were there)."""
+    it ends with the run's exit record; a missing file or a half-written record reads as "not yet" (the suite once
+    read the log before its config records were there)."""
+    from google.protobuf.message import DecodeError
+
     runs = sorted(Path(run_dir).glob("wandb/offline-run-*"))
     assert len(runs) == 1, runs
     deadline = time.monotonic() + wait_s
     while True:
         config: dict = {}
-        for rec in _wandb_records(next(runs[0].glob("run-*.wandb"))):
-            items = (rec.run.config.update if rec.HasField("run") else rec.config.update if rec.HasField("config")
-                     else [])
-            for item in items:
-                config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
-        if expect in config or time.monotonic() > deadline:
+        exited = False
+        try:
+            for rec in _wandb_records(next(runs[0].glob("run-*.wandb"))):
+                exited |= rec.HasField("exit")
+                items = (rec.run.config.update if rec.HasField("run") else rec.config.update
+                         if rec.HasField("config") else [])
+                for item in items:
+                    config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        except (StopIteration, AssertionError, DecodeError):  # no log yet, no header yet, a record cut short
+            pass
+        if exited or time.monotonic() > deadline:
             return config
         time.sleep(0.5)
 
