@@ -91,7 +91,10 @@ def test_ctrl_c_exits_130_with_one_line_and_releases_the_lock(tmp_path, fit):
     with open(tmp_path / "stderr.txt", "w") as err_file:
         p = subprocess.Popen([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={run}",
                               "task.recipe=tests.entry_point_recipe.wait_for_interrupt", f"+task.fit={str(fit).lower()}"],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True, env=launch_env())
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True, env=launch_env(),
+                             # a shell's background job (CI under nohup ... &) ignores SIGINT, and a child inherits
+                             # that: Python then installs no KeyboardInterrupt handler and the signal does nothing
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             for line in p.stdout:  # Hydra and Lightning log here too; the child sleeps at most 120 s after "ready"
                 if line.strip() == "ready":
@@ -134,7 +137,7 @@ def _start(overrides):
                             ["task=cmp", "+data.downstream.hotpotqa.dev_path=/data/dev.json"],
                             ["data.perplexity.batch_size=null", "data.perplexity.chunk_size=null"],  # null: the default
                             # a user's own recipe reads its own task and data keys: neither section is checked
-                            ["task.recipe=tests.entry_point_recipe.open_group", "+task.my_option=1",
+                            ["task.recipe=entry_point_recipe.open_group", "+task.my_option=1",  # tests/ is on sys.path
                              "+data.my_corpus=/x.jsonl"]],
                          ids=str)
 def test_shipped_configs_pass_the_start_up_checks(overrides):
