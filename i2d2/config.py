@@ -103,7 +103,7 @@ def need_counts(cfg, *keys: str, null_ok: bool = False) -> None:
     keys whose reader takes a null as its default."""
     for key in keys:
         v = OmegaConf.select(cfg, key)
-        need((null_ok and v is None) or (is_int(v) and v >= 1), key,
+        need((null_ok and v is None) or schemas.is_count(v), key,
              f"must be {'null (the default) or ' if null_ok else ''}an integer >= 1, got {v!r}")
 
 

@@ -53,8 +53,7 @@ def check_config(cfg) -> None:
                                                    "checkpoint_every")))
     need(t.get("cue_tagger_mode", "union") in ("union", "replace"), "task.cue_tagger_mode",
          f"must be union or replace, got {t.get('cue_tagger_mode')!r}")
-    need(is_int(t.prompt.num_virtual_tokens) and t.prompt.num_virtual_tokens >= 1, "task.prompt.num_virtual_tokens",
-         f"must be an integer >= 1, got {t.prompt.num_virtual_tokens!r}")
+    need_counts(cfg, "task.prompt.num_virtual_tokens")
 
 
 def data_stage(cfg, nlp, out_dir: Path) -> dict:
