@@ -3,7 +3,8 @@
 Takes an iteration's model (``generate.iteration=k`` -> ``{run_dir}/iter_k/model``; -1 = the newest), builds
 I2D2 prompts and constraints for the given unseen concepts (same templates and perplexity selection as the
 loop), decodes them with NeuroLogic decoding, scores every statement with the run's critic and prints the best
-``top_k`` per concept with their critic scores (✓ = above δ). ``generate.out_dir`` keeps the files.
+``top_k`` per concept with their critic scores (✓ = above δ). ``generate.out_dir`` keeps the files, and a rerun
+into it resumes from the finished generation shards (Ctrl-C exits with code 130 saying so).
 """
 
 from __future__ import annotations
@@ -202,6 +203,11 @@ def main(cfg: DictConfig):
     except (GenerateError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # one line and 128 + SIGINT, as i2d2.train
+        kept = (f"; the finished generation shards are in {cfg.generate.out_dir}: rerun the same command to resume"
+                if cfg.generate.get("out_dir") else "")
+        print(f"interrupted: i2d2.generate{kept}", file=sys.stderr)
+        sys.exit(130)
     finally:
         if lock is not None:
             lock.release()

@@ -317,6 +317,23 @@ def test_generate_command_prints_scored_generics(baseline, capsys):
         generate(make_cfg(run_dir, "generate.concepts=['a\tb']", name="generate"))
 
 
+def test_generate_command_ctrl_c_exits_130_naming_what_is_kept_and_releases_its_lock(tmp_path, monkeypatch, capsys):
+    import i2d2.generate as gen
+    from i2d2.io import RunLock
+
+    def stopped(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gen, "generate", stopped)
+    out = tmp_path / "out"
+    cfg = make_cfg(tmp_path / "run", "generate.concepts=[violin]", f"generate.out_dir={out}", name="generate")
+    with pytest.raises(SystemExit) as e:
+        gen.main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    assert f"interrupted: i2d2.generate; the finished generation shards are in {out}" in err and "Traceback" not in err
+    RunLock(out).acquire().release()  # released: a rerun can take it
+
 def test_missing_previous_iteration_and_bad_config(tmp_path):
     with pytest.raises(MissingIterationError, match=r"iter_1/model.*iteration=1"):
         run(make_cfg(tmp_path / "empty", "iteration=2"))
