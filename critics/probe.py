@@ -5,12 +5,17 @@ floor (AP 0.56 vs 0.52) and moves 0.18 under meaning-preserving rewrites, while 
 generator's own LM reaches AP ~0.71 (README: "Which critic"). The features of a statement are the mean over its tokens
 and the last token's state of layer ``layer`` (concatenated); the regression strength ``C`` is chosen on dev.
 
-The model folder holds ``critic_meta.json`` (``kind: probe``, the LM name, layer, max_length) and ``probe.safetensors``
-(standardisation and regression weights): no pickles.
+With ``critic.probe_context.examples`` > 0 (the default preset: 16) every statement is read after a few-shot
+context of labelled train-split statements, and the features are the statement's own states (mean ‖ last) and the
+state at the trailing "Judgement:" (``context_features``); the context is run once and its KV cache reused.
+
+The model folder holds ``critic_meta.json`` (``kind: probe``, the LM name, layer, max_length, the context text) and
+``probe.safetensors`` (standardisation and regression weights): no pickles.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 import time
@@ -62,6 +67,135 @@ def lm_features(model, tok, texts: Sequence[str], layer: int, batch_size: int = 
     return out
 
 
+def context_examples(rows: Sequence[dict], texts: Sequence[str], train_idx, examples: int, not_true: Sequence[str],
+                     seed: int, max_words: int, label_map: dict | None = None) -> list[int]:
+    """Indices (into ``rows``) of a few-shot context's ``examples``: half true and half drawn in turn from the
+    ``not_true`` labels (empty: every invalid label of ``label_map``, by name), all from ``train_idx``, at most
+    ``max_words`` words, one per concept, drawn with ``seed``. True and not-true alternate (an odd seed starts with a
+    not-true one). Too few candidates is a ValueError naming ``critic.probe_context``."""
+    from critics.data import label_mapping, normalize_label
+
+    mapping = label_mapping(label_map)
+    present = {rows[i]["label"] for i in train_idx}
+    labels = [normalize_label(x) for x in not_true] or sorted(k for k, v in mapping.items() if v == 0 and k in present)
+    for lab in labels:
+        if mapping.get(lab) != 0:
+            raise ValueError(f"critic.probe_context.not_true: {lab!r} is not a label the label map makes invalid")
+    n_true, n_other = examples // 2, examples - examples // 2
+    want = {lab: n_other // len(labels) + (k < n_other % len(labels)) for k, lab in enumerate(labels)}
+    rng = np.random.default_rng(seed)
+    pool = [i for i in train_idx if len(texts[i].split()) <= max_words]
+    rng.shuffle(pool)
+    used, picked = set(), {}
+    for label, n in [("true", n_true)] + list(want.items()):
+        got = []
+        for i in pool:
+            if len(got) == n:
+                break
+            if (rows[i]["y"] == 1 if label == "true" else rows[i]["label"] == label) \
+                    and rows[i]["concept"] not in used:
+                got.append(int(i))
+                used.add(rows[i]["concept"])
+        if len(got) < n:
+            raise ValueError(f"critic.probe_context: only {len(got)} train statements labelled {label!r} of at most "
+                             f"{max_words} words and unused concepts, {n} wanted")
+        picked[label] = got
+    bad = [picked[b][j] for j in range(max(want.values(), default=0)) for b in labels if j < len(picked[b])]
+    first, second = (picked["true"], bad) if seed % 2 == 0 else (bad, picked["true"])
+    out = [x for pair in zip(first, second) for x in pair]
+    return out + first[len(second):] + second[len(first):]
+
+
+def context_text(instruction: str, statements: Sequence[str], truths: Sequence[bool]) -> str:
+    """The context before each statement: the instruction, then each example as
+    "Statement: ...\\nJudgement: true|false" followed by a blank line."""
+    return instruction + "".join(f"Statement: {s}\nJudgement: {'true' if t else 'false'}\n\n"
+                                 for s, t in zip(statements, truths))
+
+
+def context_ids(tok, context: str) -> list[int]:
+    """Token ids of the context: the LM's BOS (where it has one), then the text."""
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    return bos + tok(context, add_special_tokens=False)["input_ids"]
+
+
+def item_ids(tok, statement: str, max_length: int = 64) -> tuple[list[int], int]:
+    """Token ids of "Statement: <s>\\nJudgement:" (the statement cut to ``max_length`` tokens) and the number of
+    the statement's own tokens; they start after "Statement:"."""
+    head = tok("Statement:", add_special_tokens=False)["input_ids"]
+    body = tok(" " + statement, add_special_tokens=False)["input_ids"][:max_length]
+    tail = tok("\nJudgement:", add_special_tokens=False)["input_ids"]
+    return head + body + tail, len(body)
+
+
+def lm_body(model):
+    """The transformer body of a causal LM (its states, no vocabulary head) and the name its forward gives the KV
+    cache (transformers renamed ``past_key_values`` to ``cache``, as i2d2.decoding.neurologic reads it)."""
+    base = model.model if hasattr(model, "model") else model.base_model
+    params = inspect.signature(base.forward).parameters
+    return base, ("cache" if "cache" in params else "past_key_values")
+
+
+@torch.no_grad()
+def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], layer: int, batch_size: int = 32,
+                     max_length: int = 64, progress: bool = True, final_state: bool = False):
+    """Each text read after the context ``prefix`` (token ids) as "Statement: <s>\\nJudgement:": layer ``layer``'s
+    ``[mean over the statement's tokens ‖ its last token ‖ the state at "Judgement:"]``, float32 (n, 3 * hidden).
+    The prefix runs once; each batch copies its KV cache. ``final_state``: also the top layer's (normed) state at
+    "Judgement:" (n, hidden), which the LM head reads."""
+    texts = [str(t) for t in texts]
+    device = next(model.parameters()).device
+    hidden = model.config.get_text_config().hidden_size
+    items = [item_ids(tok, t, max_length) for t in texts]
+    n_head = len(tok("Statement:", add_special_tokens=False)["input_ids"])
+    P = len(prefix)
+    text_cfg = model.config.get_text_config()
+    longest = P + max((len(ids) for ids, _ in items), default=0)
+    # past a sliding window the local layers would drop context tokens; past the positions the LM has, it fails
+    for what, limit in (("sliding window", getattr(text_cfg, "sliding_window", None)),
+                        ("positions", getattr(text_cfg, "max_position_embeddings", None))):
+        if limit and longest > limit:
+            raise ValueError(f"critic.probe_context: the context and a statement take {longest} tokens, over the "
+                             f"LM's {limit} {what}; use fewer or shorter examples")
+    was_training = model.training
+    model.eval()
+    base, cache_kw = lm_body(model)
+    out = np.zeros((len(texts), 3 * hidden), dtype=np.float32)
+    top = np.zeros((len(texts), hidden), dtype=np.float32) if final_state else None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    try:
+        o = base(input_ids=torch.tensor([list(prefix)], device=device), use_cache=True)
+        prefix_cache = getattr(o, "cache", None) or o.past_key_values
+        order = np.argsort([len(ids) for ids, _ in items], kind="stable")
+        for start in tqdm(range(0, len(texts), batch_size), desc="critic features (in context)",
+                          disable=not progress, total=(len(texts) + batch_size - 1) // batch_size):
+            idx = order[start:start + batch_size]
+            lens = torch.tensor([len(items[i][0]) for i in idx], device=device)
+            n_stmt = torch.tensor([items[i][1] for i in idx], device=device)
+            B, L = len(idx), max(len(items[i][0]) for i in idx)  # from the host lists: no device sync
+            ids = torch.nn.utils.rnn.pad_sequence([torch.tensor(items[i][0]) for i in idx], batch_first=True,
+                                                  padding_value=pad).to(device)
+            pos = torch.arange(L, device=device)
+            # right padding after the context: every real token sits at P + its offset
+            mask = torch.cat([torch.ones(B, P, dtype=torch.long, device=device),
+                              (pos < lens[:, None]).long()], 1)
+            cache = copy.deepcopy(prefix_cache)
+            cache.batch_repeat_interleave(B)
+            o = base(input_ids=ids, attention_mask=mask, use_cache=True, output_hidden_states=True,
+                     **{cache_kw: cache})
+            h = o.hidden_states[layer].float()
+            rows = torch.arange(B, device=device)
+            in_stmt = ((pos >= n_head) & (pos < n_head + n_stmt[:, None])).unsqueeze(-1).to(h.dtype)
+            mean = (h * in_stmt).sum(1) / n_stmt[:, None].clamp(min=1)
+            feats = torch.cat([mean, h[rows, n_head + n_stmt - 1], h[rows, lens - 1]], -1)
+            out[idx] = feats.cpu().numpy()
+            if final_state:
+                top[idx] = o.last_hidden_state.float()[rows, lens - 1].cpu().numpy()
+    finally:
+        model.train(was_training)
+    return (out, top) if final_state else out
+
+
 class ProbeCritic:
     """A saved probe critic: ``score(texts)`` -> P(valid)."""
 
@@ -77,6 +211,9 @@ class ProbeCritic:
         self.model = self.model.to(device or resolve_device(None))
 
     def features(self, texts, batch_size: int = 32, progress: bool = True) -> np.ndarray:
+        if self.meta.get("context") is not None:
+            return context_features(self.model, self.tok, context_ids(self.tok, self.meta["context"]), texts,
+                                    int(self.meta["layer"]), batch_size, int(self.meta["max_length"]), progress)
         return lm_features(self.model, self.tok, texts, int(self.meta["layer"]), batch_size,
                            int(self.meta["max_length"]), progress)
 
@@ -118,21 +255,38 @@ def probe_classifier(cfg: dict):
     return lambda C: LogisticRegression(C=float(C), max_iter=5000, random_state=int(cfg["seed"]))
 
 
-def probe_lm_features(cfg: dict, texts: Sequence[str], device: str | None = None):
+def probe_context(cfg: dict, rows: Sequence[dict], texts: Sequence[str], train_idx) -> tuple[str | None, list[int]]:
+    """The few-shot context of ``cfg["probe_context"]`` drawn from the train rows ``train_idx``: (its text, the
+    example rows), or (None, []) when ``examples`` is 0 (the plain probe)."""
+    pc = cfg["probe_context"]
+    if not int(pc["examples"]):
+        return None, []
+    ex = context_examples(rows, texts, train_idx, int(pc["examples"]), list(pc["not_true"]), int(pc["seed"]),
+                          int(pc["max_words"]), cfg.get("label_map"))
+    return context_text(pc["instruction"], [texts[i] for i in ex], [rows[i]["y"] == 1 for i in ex]), ex
+
+
+def probe_lm_features(cfg: dict, texts: Sequence[str], device: str | None = None, context: str | None = None):
     """The probe's LM (``probe_lm``, on ``device``) and its features of ``texts`` as the critic reads them (layer
-    ``probe_layer``, ``eval_batch_size``, ``max_length``): (features, model, tokenizer)."""
+    ``probe_layer``, ``eval_batch_size``, ``max_length``; after ``context``, a ``probe_context`` text, if given):
+    (features, model, tokenizer)."""
     from i2d2.models import load_causal_lm
 
     model, tok = load_causal_lm(cfg["probe_lm"])
     model = model.to(device or resolve_device(None))
-    X = lm_features(model, tok, texts, int(cfg["probe_layer"]), int(cfg["eval_batch_size"]), int(cfg["max_length"]))
+    layer, bs, max_length = int(cfg["probe_layer"]), int(cfg["eval_batch_size"]), int(cfg["max_length"])
+    if context is None:
+        X = lm_features(model, tok, texts, layer, bs, max_length)
+    else:
+        X = context_features(model, tok, context_ids(tok, context), texts, layer, bs, max_length)
     return X, model, tok
 
 
-def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_idx, model_dir: Path,
-              device: str | None = None) -> float:
-    """Features of every labelled text, logistic regression on train for each ``probe_C``, the C with the best dev
-    AP kept; written atomically to ``model_dir``. Returns the seconds it took."""
+def fit_probe(cfg: dict, rows: Sequence[dict], texts: Sequence[str], ys: np.ndarray, train_idx, dev_idx,
+              model_dir: Path, device: str | None = None) -> float:
+    """Features of every labelled text (after the ``probe_context``, whose examples then leave the training rows),
+    logistic regression on train for each ``probe_C``, the C with the best dev AP kept; written atomically to
+    ``model_dir``. Returns the seconds it took."""
     from safetensors.numpy import save_file
     from sklearn.preprocessing import StandardScaler
 
@@ -140,7 +294,11 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
 
     t0 = time.time()
     layer = int(cfg["probe_layer"])
-    X, _, _ = probe_lm_features(cfg, texts, device)
+    context, examples = probe_context(cfg, rows, texts, train_idx)
+    if context is not None:
+        log.info("critic probe: %d train statements as context (left out of the fit):\n%s", len(examples), context)
+        train_idx = np.asarray(train_idx)[~np.isin(train_idx, examples)]
+    X, _, _ = probe_lm_features(cfg, texts, device, context)
     sc = StandardScaler().fit(X[train_idx])
     Xs = sc.transform(X)
     (ap, C, clf), tried = best_on_dev(probe_classifier(cfg), cfg["probe_C"], Xs, ys, train_idx, dev_idx)
@@ -153,7 +311,7 @@ def fit_probe(cfg: dict, texts: Sequence[str], ys: np.ndarray, train_idx, dev_id
                   str(tmp / WEIGHTS))
         write_json(tmp / "critic_meta.json", {
             "kind": "probe", "lm": cfg["probe_lm"], "layer": layer, "max_length": int(cfg["max_length"]), "C": C,
-            "canonicalize": bool(cfg["canonicalize"]),
+            "canonicalize": bool(cfg["canonicalize"]), "context": context, "context_examples": len(examples),
             # no timings here: the model folder's bytes are an input fingerprint (metrics.json has fit_seconds)
             "best_score": ap, "monitor": "dev AP", "label_map": cfg.get("label_map")})
     log.info("critic probe: layer %d, C=%g (dev AP %.4f), %d features, %.0fs", layer, C, ap, X.shape[1],

@@ -61,10 +61,13 @@ def default_critic_data():
 
 def fingerprint_view(cfg_critic: dict) -> dict:
     """The critic config as stage fingerprints read it: ``lora`` only when it is on, so that a run from before
-    critic LoRA existed keeps its fingerprints (no retraining on resume) and a probe's ignores a setting it never uses."""
+    critic LoRA existed keeps its fingerprints (no retraining on resume) and a probe's ignores a setting it never uses;
+    ``probe_context`` likewise only for a probe that reads one."""
     out = dict(cfg_critic or {})
     if not (out.get("lora") or {}).get("enabled"):
         out.pop("lora", None)
+    if out.get("kind") != "probe" or not (out.get("probe_context") or {}).get("examples"):
+        out.pop("probe_context", None)
     return out
 
 
@@ -242,7 +245,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
 
         if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
             return {"model_dir": str(model_dir)}  # a probe fits in seconds on rank 0
-        fit_s = fit_probe(cfg, texts, ys, train_idx, dev_idx, model_dir, device=resolve_device(trainer_cfg))
+        fit_s = fit_probe(cfg, rows, texts, ys, train_idx, dev_idx, model_dir, device=resolve_device(trainer_cfg))
     else:
         fit_s = _fit(cfg, texts, ys, train_idx, dev_idx, out_dir, model_dir, trainer_cfg, tracker)
         if fit_s is None:  # non-zero rank of a multi-process fit: rank 0 evaluates and writes

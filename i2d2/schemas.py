@@ -70,6 +70,32 @@ class LoraConfig:
 
 
 @dataclass
+class ProbeContextConfig:
+    """Few-shot context for the probe critic (critics/probe.py ``context_features``): ``examples`` labelled
+    statements of the TRAIN split (half true, the rest drawn in turn from the ``not_true`` labels; at most
+    ``max_words`` words, one per concept, drawn with ``seed``) are written after ``instruction`` as
+    "Statement: ...\nJudgement: true|false" and put before every statement the probe reads, as
+    "Statement: <s>\nJudgement:". The probe then reads the statement's states and the state at "Judgement:".
+    Grouped 5-fold CV on train + dev: AP 0.715 vs 0.693 without context (README: "Which critic")."""
+
+    examples: int = 0  # 0: no context (the plain probe)
+    # labels the not-true half is drawn from, in turn; empty: every label the label map makes invalid, by name
+    not_true: List[str] = field(default_factory=list)
+    seed: int = 0
+    max_words: int = 14
+    instruction: str = ("Each statement is judged true when it is a complete, generally true fact about a kind of "
+                        "thing or about how to reach a goal, and false when it is false, vague or empty, about one "
+                        "particular situation, or advertising.\n\n")
+
+    def __post_init__(self):
+        if not (isinstance(self.examples, int) and self.examples >= 0) or self.examples == 1:
+            raise ValueError(f"critic.probe_context.examples: must be 0 (no context) or an integer >= 2 (half true, "
+                             f"half not), got {self.examples!r}")
+        if not is_count(self.max_words):
+            raise ValueError(f"critic.probe_context.max_words: must be an integer >= 1, got {self.max_words!r}")
+
+
+@dataclass
 class CriticConfig:
     """The I2D2 critic (§2.3): a valid/invalid classifier trained on labelled generations (critics/train.py)."""
 
@@ -81,6 +107,7 @@ class CriticConfig:
     probe_lm: str = "packaged:gemma3-270m"
     probe_layer: int = 12
     probe_C: List[float] = field(default_factory=lambda: [0.001, 0.003, 0.01, 0.03, 0.1])
+    probe_context: ProbeContextConfig = field(default_factory=ProbeContextConfig)  # few-shot context (probe only)
     # finetune: peft LoRA adapters on the body instead of training every weight (the head trains in full); merged
     # into the saved classifier. For large bodies (a 7B LM with a hub); on Gemma 3 270M: README "Which critic"
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -125,6 +152,15 @@ class CriticConfig:
             raise ValueError("critic.dev_fraction + critic.test_fraction: must leave concepts to train on (< 1)")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"critic.on_error: must be raise or skip, got {self.on_error!r}")
+        pc = ProbeContextConfig(**self.probe_context) if isinstance(self.probe_context, dict) else self.probe_context
+        if pc.examples:  # at start-up, not after the run has generated: the labels its examples are drawn from
+            from i2d2.labels import label_mapping, normalize_label
+
+            mapping = label_mapping(self.label_map)
+            for lab in pc.not_true:
+                if mapping.get(normalize_label(lab)) != 0:
+                    raise ValueError(f"critic.probe_context.not_true: {lab!r} is not a label the label map makes "
+                                     f"invalid (those: {sorted(k for k, v in mapping.items() if v == 0)})")
         for k in ("batch_size", "eval_batch_size", "perplexity_batch_size"):
             if not is_count(getattr(self, k)):
                 raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")

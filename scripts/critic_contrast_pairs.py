@@ -5,6 +5,9 @@ contrast c(s) and fits the probe's logistic regression (C chosen on dev) on: lay
 default critic), h(s) - h(c(s)), both concatenated, h(s) with h(c(s)), and h(s) with the log-probability margin
 log P(s) - log P(c(s)).  Prints dev and test AP of each (test chose nothing).
 
+Run before few-shot context became the default (``critic.probe_context``): it reads the plain probe's features
+(no context), as its numbers in the README were measured.
+
   --task generics      the I2D2 critic (default ``critic`` config); c(s) = s negated by a spaCy rule ("not" after the
                        main clause's first auxiliary or copula, else do/does/did + the root verb's lemma)
   --task comparatives  the NeuroComparatives discriminator (``task=comparatives``: its labels and overrides); c(s) = s

@@ -60,8 +60,6 @@ direction on 25 of 30 folds; the folds share their training rows, so they are no
 from __future__ import annotations
 
 import argparse
-import copy
-import inspect
 import sys
 import time
 from pathlib import Path
@@ -72,114 +70,55 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-INSTRUCTION = ("Each statement is judged true when it is a complete, generally true fact about a kind of thing "
-               "or about how to reach a goal, and false when it is false, vague or empty, about one particular "
-               "situation, or advertising.\n\n")
-NOT_TRUE = ("too_vague_to_judge", "episodic", "ad_copy", "false")
-# name: (examples per not-true label, true examples, seed of the draw)
-VARIANTS = {"k8a": (1, 4, 0), "k8b": (1, 4, 1), "k16": (2, 8, 0), "k0": (0, 0, 0)}  # k0: the instruction alone
+from critics.probe import lm_body, context_examples, context_features, context_ids, context_text, item_ids  # noqa: E402
+
+# name: (examples, seed of the draw), drawn as critic.probe_context draws them (critics.probe.context_examples: half
+# true, the rest in turn from probe_context.not_true); k0: the instruction alone, a control for the template
+VARIANTS = {"k8a": (8, 0), "k8b": (8, 1), "k16": (16, 0), "k0": (0, 0)}
 DEFAULT_VARIANTS = "k8a,k8b,k16"
 
 
-def pick_examples(rows, texts, train_idx, per_bad: int, n_true: int, seed: int, max_words: int = 14):
-    """Train-split indices of the examples: ``n_true`` true ones and ``per_bad`` of each not-true label, short
-    (<= ``max_words`` words), one per concept, drawn with ``seed``; true and not true alternate."""
-    rng = np.random.default_rng(seed)
-    pool = [i for i in train_idx if len(texts[i].split()) <= max_words]
-    rng.shuffle(pool)
-    used, picked = set(), {}
-    for label, n in [("true", n_true)] + [(b, per_bad) for b in NOT_TRUE]:
-        got = []
-        for i in pool:
-            if len(got) == n:
-                break
-            if rows[i]["label"] == label and rows[i]["concept"] not in used:
-                got.append(int(i))
-                used.add(rows[i]["concept"])
-        if len(got) < n:
-            raise ValueError(f"only {len(got)} short train examples labelled {label!r}")
-        picked[label] = got
-    bad = [picked[b][j] for j in range(per_bad) for b in NOT_TRUE]  # kinds interleaved
-    good = picked["true"]
-    first, second = (good, bad) if seed % 2 == 0 else (bad, good)  # an odd seed's draw starts with a not-true one
-    return [x for pair in zip(first, second) for x in pair]
+def build_prefix(tok, c: dict, name: str, rows, texts, train_idx):
+    """(prefix token ids, example row indices, prefix text) of variant ``name`` under the critic config ``c``
+    (its probe_context's instruction, not_true labels and max_words; the variant's count and seed)."""
+    k, seed = VARIANTS[name]
+    pc = c["probe_context"]
+    ex = context_examples(rows, texts, train_idx, k, list(pc["not_true"]), seed, int(pc["max_words"]),
+                          c["label_map"]) if k else []
+    text = context_text(pc["instruction"], [texts[i] for i in ex], [rows[i]["y"] == 1 for i in ex])
+    return context_ids(tok, text), ex, text
 
 
-def encode(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
+def margin_direction(model, tok):
+    """logit(" true") - logit(" false") as a direction in the top layer's (normed) state."""
+    emb = model.get_output_embeddings().weight
+    true, false = (tok(w, add_special_tokens=False)["input_ids"][0] for w in (" true", " false"))
+    return (emb[true] - emb[false]).float().detach().cpu().numpy()
 
 
-def build_prefix(tok, name: str, rows, texts, train_idx):
-    """(prefix token ids, example row indices, prefix text) of variant ``name``: <bos>, the instruction, its
-    examples from the train rows ``train_idx`` ("Statement: ...\nJudgement: true|false", blank-line separated)."""
-    per_bad, n_true, seed = VARIANTS[name]
-    ex = pick_examples(rows, texts, train_idx, per_bad, n_true, seed) if n_true or per_bad else []
-    lines = "".join(f"Statement: {texts[i]}\nJudgement: {'true' if rows[i]['y'] else 'false'}\n\n" for i in ex)
-    return [tok.bos_token_id] + encode(tok, INSTRUCTION + lines), ex, INSTRUCTION + lines
-
-
-def item_ids(tok, statement: str):
-    """Token ids of "Statement: <s>\\nJudgement:" and the (start, end) of the statement's own tokens."""
-    head, body, tail = encode(tok, "Statement:"), encode(tok, " " + statement), encode(tok, "\nJudgement:")
-    return head + body + tail, (len(head), len(head) + len(body))
+def fewshot_features(model, tok, prefix: list[int], texts, layer: int, batch_size: int, max_length: int):
+    """(stmt features (n, 2h), judge features (n, h), LM margin (n,)) of each text after the cached ``prefix``
+    (critics.probe.context_features, as the critic reads them)."""
+    F, top = context_features(model, tok, prefix, texts, layer, batch_size, max_length, final_state=True)
+    h = F.shape[1] // 3
+    return F[:, :2 * h], F[:, 2 * h:], top @ margin_direction(model, tok)
 
 
 @torch.no_grad()
-def fewshot_features(model, tok, prefix: list[int], texts, layer: int, batch_size: int = 16):
-    """(stmt features (n, 2h), judge features (n, h), margin (n,)) of each text after the cached ``prefix``."""
-    from tqdm.auto import tqdm
-
-    n, hidden = len(texts), model.config.get_text_config().hidden_size
-    stmt, judge, margin = np.zeros((n, 2 * hidden), np.float32), np.zeros((n, hidden), np.float32), np.zeros(n)
-    items = [item_ids(tok, t) for t in texts]
-    P = len(prefix)
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
-    longest = P + max(len(ids) for ids, _ in items)
-    if window and longest > window:  # past the window the sliding layers would drop prefix tokens: not what we read
-        raise ValueError(f"prefix + statement is {longest} tokens, over the sliding window {window}")
-    emb = model.get_output_embeddings().weight
-    w = (emb[encode(tok, " true")[0]] - emb[encode(tok, " false")[0]]).float()
-    base = model.model if hasattr(model, "model") else model.base_model
-    # transformers renamed ``past_key_values`` to ``cache`` (as i2d2.decoding.neurologic reads it)
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-    out = base(input_ids=torch.tensor([prefix]), use_cache=True)
-    prefix_cache = getattr(out, "cache", None) or out.past_key_values
-    order = np.argsort([len(ids) for ids, _ in items], kind="stable")
-    for s in tqdm(range(0, n, batch_size), desc="few-shot features", total=(n + batch_size - 1) // batch_size):
-        idx = order[s:s + batch_size]
-        B, L = len(idx), max(len(items[i][0]) for i in idx)
-        ids = torch.full((B, L), tok.pad_token_id)
-        am = torch.zeros((B, P + L), dtype=torch.long)
-        am[:, :P] = 1
-        for r, i in enumerate(idx):  # right padding: every real token sits at P + its offset
-            ids[r, :len(items[i][0])] = torch.tensor(items[i][0])
-            am[r, P:P + len(items[i][0])] = 1
-        cache = copy.deepcopy(prefix_cache)
-        cache.batch_repeat_interleave(B)
-        o = base(input_ids=ids, attention_mask=am, use_cache=True, output_hidden_states=True, **{cache_kw: cache})
-        h, top = o.hidden_states[layer].float(), o.last_hidden_state.float()
-        for r, i in enumerate(idx):
-            a, b = items[i][1]
-            last = len(items[i][0]) - 1
-            stmt[i] = torch.cat([h[r, a:b].mean(0), h[r, b - 1]]).numpy()
-            judge[i] = h[r, last].numpy()
-            margin[i] = float(top[r, last] @ w)
-    return stmt, judge, margin
-
-
-@torch.no_grad()
-def check_cache(model, tok, prefix, texts, layer: int, got) -> float:
-    """Largest |difference| between the cached batched features of ``texts`` and a plain forward of prefix + item."""
-    base = model.model if hasattr(model, "model") else model.base_model
-    emb = model.get_output_embeddings().weight
-    w = (emb[encode(tok, " true")[0]] - emb[encode(tok, " false")[0]]).float()
+def check_cache(model, tok, prefix, texts, layer: int, max_length: int, got) -> float:
+    """Largest relative |difference| between the cached batched features of ``texts`` and a plain forward of prefix
+    + item, one at a time."""
+    base, _ = lm_body(model)
+    w = margin_direction(model, tok)
+    n_head = len(tok("Statement:", add_special_tokens=False)["input_ids"])
     worst = 0.0
     for k, t in enumerate(texts):
-        ids, (a, b) = item_ids(tok, t)
-        o = base(input_ids=torch.tensor([prefix + ids]), output_hidden_states=True)
+        ids, n = item_ids(tok, t, max_length)
+        o = base(input_ids=torch.tensor([list(prefix) + ids]), output_hidden_states=True)
         h, P = o.hidden_states[layer][0].float(), len(prefix)
-        ref = [torch.cat([h[P + a:P + b].mean(0), h[P + b - 1]]).numpy(), h[-1].numpy(),
-               np.array([float(o.last_hidden_state[0, -1].float() @ w)])]
+        a, b = P + n_head, P + n_head + n
+        ref = [torch.cat([h[a:b].mean(0), h[b - 1]]).numpy(), h[-1].numpy(),
+               np.array([float(o.last_hidden_state[0, -1].float().numpy() @ w)])]
         for x, y in zip(ref, (got[0][k], got[1][k], np.array([got[2][k]]))):
             worst = max(worst, float(np.abs(x - y).max() / (np.abs(x).max() + 1e-6)))
     return worst
@@ -253,17 +192,17 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
     print(f"plain features: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
     example_stmts = set()
     for name, readouts in (("k16", ("stmt", "judge", "stmt|judge")), ("k0", ("stmt|judge",))):
-        prefix, ex, text = build_prefix(tok, name, full_rows, full_texts, full_tr)
+        prefix, ex, text = build_prefix(tok, c, name, full_rows, full_texts, full_tr)
         example_stmts |= {full_rows[i]["statement"] for i in ex}
         print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
         key = feature_key(kind="fewshot", lm=c["probe_lm"], layer=layer, prefix=prefix, texts=texts)
         F, s, hit = cached_features(
             cache_dir / f"features_{name}{suffix}.npz", key,
-            lambda p=prefix: dict(zip(("S", "J", "M"), fewshot_features(model, tok, p, texts, layer, args.batch_size))))
+            lambda p=prefix: dict(zip(("S", "J", "M"), fewshot_features(model, tok, p, texts, layer, args.batch_size, int(c["max_length"])))))
         print(f"{name} features: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
         if not hit:  # the cached batched forward against a plain one, as in the dev run
             probe_idx = [int(dv[0]), int(te[-1])]
-            err = check_cache(model, tok, prefix, [texts[i] for i in probe_idx], layer,
+            err = check_cache(model, tok, prefix, [texts[i] for i in probe_idx], layer, int(c["max_length"]),
                               (F["S"][probe_idx], F["J"][probe_idx], F["M"][probe_idx]))
             print(f"cache check on 2 statements: largest relative difference {err:.1e}", flush=True)
             if err > 1e-3:
@@ -393,15 +332,15 @@ def main(argv=None) -> int:
     print(f"plain probe: dev {results[-1][2]:.3f} test {results[-1][3]:.3f} ({secs:.0f}s)", flush=True)
 
     for name in [v for v in args.variants.split(",") if v]:
-        prefix, ex, text = build_prefix(tok, name, full_rows, full_texts, full_tr)
+        prefix, ex, text = build_prefix(tok, c, name, full_rows, full_texts, full_tr)
         print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
         ex_stmts = {full_rows[i]["statement"] for i in ex}
         train = np.array([i for i in tr if rows[i]["statement"] not in ex_stmts])  # the examples leave the fit
         t0 = time.time()
-        S, J, M = fewshot_features(model, tok, prefix, texts, layer, args.batch_size)
+        S, J, M = fewshot_features(model, tok, prefix, texts, layer, args.batch_size, int(c["max_length"]))
         secs = time.time() - t0
         probe_idx = [int(dv[0]), int(te[-1])]
-        err = check_cache(model, tok, prefix, [texts[i] for i in probe_idx], layer,
+        err = check_cache(model, tok, prefix, [texts[i] for i in probe_idx], layer, int(c["max_length"]),
                           (S[probe_idx], J[probe_idx], M[probe_idx]))
         print(f"cache check on 2 statements: largest relative difference {err:.1e}", flush=True)
         if err > 1e-3:

@@ -7,6 +7,9 @@ several draws each, every statement of a drawn concept kept), C chosen on dev ea
 default splits and test chose nothing.  Prints test AP (mean and range over draws) per share and the slope over the
 last doubling of the training data.
 
+Run before few-shot context became the default (``critic.probe_context``): it reads the plain probe's features
+(no context), as its numbers in the README were measured.
+
   python scripts/critic_learning_curve.py [--draws 5]     # ~10 min on 2 CPU cores (the features take most)
 
 README "Which critic" has the numbers.

@@ -7,6 +7,9 @@ test AP of the logistic regression (the default), other linear estimators (LDA w
 on the top principal components), an RBF SVM and a one-hidden-layer MLP, then the MLP's spread over seeds at its
 chosen settings.
 
+Run before few-shot context became the default (``critic.probe_context``): it reads the plain probe's features
+(no context), as its numbers in the README were measured.
+
   python scripts/critic_nonlinear_probes.py [--seeds 4]     # ~10 min on 2 CPU cores (the features take most)
 
 README "Which critic" has the numbers: neither beats the linear probe, and the MLP varies with its seed.

@@ -31,6 +31,9 @@ def test_default_composition():
     assert cfg.decoding.length_penalty == 0.1 and "." in cfg.decoding.stop_strings  # paper α, one sentence each
     assert cfg.data.prompt_selection == "forms" and cfg.data.perplexity.threshold is None  # measured forms, no ppl cut
     assert cfg.task.max_prompts and cfg.critic.kind == "probe"  # the task sizes the CPU default run
+    assert cfg.critic.probe_context.examples == 16  # few-shot context (README "Which critic")
+    nc = _compose(["task=comparatives"]).task.filters.discriminator.critic
+    assert nc.probe_context.examples == 0  # the generics context is not the comparatives discriminator's
 
 
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "deepspeed_stage2", "deepspeed_stage3"])
@@ -174,6 +177,9 @@ BAD_VALUES = [
     (["task=comparatives", "+task.filters.discriminator.critic.target_precision=2"],
      r"critic\.target_precision: must be in \(0, 1\], got 2\.0 \(the discriminator's critic"),
     (["task=comparatives", "critic.kind=bogus"], r"critic\.kind: must be finetune or probe"),
+    (["critic.probe_context.examples=1"], r"critic\.probe_context\.examples: must be 0 \(no context\) or"),
+    (["critic.probe_context.max_words=0"], r"critic\.probe_context\.max_words: must be an integer >= 1"),
+    (["critic.probe_context.not_true=[true]"], r"critic\.probe_context\.not_true: 'True' is not a label the label"),
     (["task=comparatives", "decoding.beam_size=0"], r"decoding\.beam_size: must be an integer >= 1"),
     (["task=comparatives", "iteration=-1"], r"iteration: must be an integer >= 0"),
     (["task=comparatives", "data.min_entities=null"], r"data\.min_entities: must be an integer >= 0, got None"),

@@ -357,6 +357,81 @@ def test_probe_features_are_the_hidden_states_without_the_vocabulary_logits():
     np.testing.assert_allclose(got, np.stack(want), atol=1e-5)
 
 
+
+def test_probe_critic_reads_each_statement_after_a_fewshot_context_of_train_statements(tmp_path):
+    from critics.data import canonical_statement
+    from critics.scoring import score_texts
+    from critics.train import train_critic
+
+    sub = tmp_path / "labels.jsonl"
+    sub.write_text("".join(GEMMA.read_text().splitlines(keepends=True)[:400]))
+    cfg = {"kind": "probe", "probe_lm": "tiny:gpt2", "probe_layer": 1, "probe_C": [0.01, 0.1], "canonicalize": True,
+           "complete_only": True, "min_examples": 10, "eval_batch_size": 16, "max_length": 32,
+           # tiny:gpt2 has 256 positions (and a 1,000-word tokenizer): a short instruction and short examples
+           "probe_context": {"examples": 4, "not_true": ["false", "too_vague_to_judge"], "instruction": "Judge.\n\n",
+                             "max_words": 6}}
+    res = train_critic(cfg, [sub], tmp_path / "critic")
+    model_dir = tmp_path / "critic" / "model"
+    meta = json.loads((model_dir / "critic_meta.json").read_text())
+    shown = [line[len("Statement: "):] for line in meta["context"].splitlines() if line.startswith("Statement: ")]
+    verdicts = [line.split(": ")[1] for line in meta["context"].splitlines() if line.startswith("Judgement: ")]
+    assert meta["context_examples"] == 4 and len(shown) == 4 and verdicts == ["true", "false"] * 2
+    assert meta["context"].startswith("Judge.\n\nStatement: ") and all(len(x.split()) <= 6 for x in shown)
+    # the examples come from train concepts only: no dev or test statement shares a concept with one
+    split = json.loads((tmp_path / "critic" / "split.json").read_text())
+    held_out = set(split["dev_concepts"]) | set(split["test_concepts"])
+    concept_of = {canonical_statement(r["statement"]): r["concept"] for r in read_jsonl(sub)}  # as the critic reads
+    assert all(concept_of[s] not in held_out for s in shown) and len({concept_of[s] for s in shown}) == 4
+    # the saved critic reads through the same context: it reproduces its own test scores
+    test = read_jsonl(tmp_path / "critic" / "test_scores.jsonl")
+    again = score_texts(model_dir, [r["statement"] for r in test], progress=False)
+    np.testing.assert_allclose(again, [r["critic_score"] for r in test], atol=1e-5)
+    assert res["probe_shift_by_rewrite"]["generally"] < 1e-6  # canonicalised before the context, as without it
+
+
+def test_context_features_equal_an_uncached_forward_of_context_and_statement():
+    # the context runs once and each batch copies its KV cache, statements right-padded after it: every feature
+    # must equal a plain forward of context + "Statement: <s>\nJudgement:", one statement at a time
+    from critics.probe import context_features, context_ids, context_text, item_ids
+    from i2d2.models import load_causal_lm
+
+    model, tok = load_causal_lm("tiny:gpt2")
+    prefix = context_ids(tok, context_text("Judge each.\n\n", ["Dogs bark.", "The bed is soft."], [True, False]))
+    texts = ["Birds can fly.", "A knife is used for cutting bread and meat in a kitchen.", "Ovens", "Fish swim."]
+    got = context_features(model, tok, prefix, texts, layer=2, batch_size=3, progress=False)
+    n_head = len(tok("Statement:", add_special_tokens=False)["input_ids"])
+    want = []
+    for t in texts:
+        ids, n = item_ids(tok, t)
+        with torch.no_grad():
+            h = model(input_ids=torch.tensor([prefix + ids]), output_hidden_states=True).hidden_states[2][0].float()
+        a, b = len(prefix) + n_head, len(prefix) + n_head + n
+        want.append(torch.cat([h[a:b].mean(0), h[b - 1], h[-1]]).numpy())
+    np.testing.assert_allclose(got, np.stack(want), atol=1e-4)
+
+
+def test_context_examples_refuse_labels_that_are_not_invalid_and_too_few_candidates():
+    from critics.probe import context_examples
+
+    rows = [{"statement": f"S{i}.", "concept": f"c{i}", "label": lab, "y": int(lab == "true")}
+            for i, lab in enumerate(["true", "true", "false", "episodic"])]
+    texts = [r["statement"] for r in rows]
+    picked = context_examples(rows, texts, [0, 1, 2, 3], 4, ["false", "episodic"], seed=0, max_words=14)
+    assert sorted(picked) == [0, 1, 2, 3] and [rows[i]["y"] for i in picked] == [1, 0, 1, 0]
+    with pytest.raises(ValueError, match="not_true: 'true' is not a label"):
+        context_examples(rows, texts, [0, 1, 2, 3], 4, ["true"], seed=0, max_words=14)
+    with pytest.raises(ValueError, match="only 1 train statements labelled 'false'"):
+        context_examples(rows, texts, [0, 1, 2, 3], 4, ["false"], seed=0, max_words=14)
+
+
+def test_a_context_longer_than_the_lm_reads_is_refused_naming_the_key():
+    from critics.probe import context_features
+    from i2d2.models import load_causal_lm
+
+    model, tok = load_causal_lm("tiny:gpt2")  # 256 positions
+    with pytest.raises(ValueError, match=r"critic\.probe_context: .* over the LM's 256 positions"):
+        context_features(model, tok, [5] * 250, ["Birds can fly."], layer=1, progress=False)
+
 def test_canonical_statement_strips_only_a_leading_hedge():
     from critics.data import canonical_statement
 
