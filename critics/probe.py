@@ -77,7 +77,11 @@ def context_examples(rows: Sequence[dict], texts: Sequence[str], train_idx, exam
 
     mapping = label_mapping(label_map)
     present = {rows[i]["label"] for i in train_idx}
-    labels = [normalize_label(x) for x in not_true] or sorted(k for k, v in mapping.items() if v == 0 and k in present)
+    labels = list(dict.fromkeys(normalize_label(x) for x in not_true)) or sorted(
+        k for k, v in mapping.items() if v == 0 and k in present)
+    if not labels:
+        raise ValueError("critic.probe_context: the train split has no statement with a label the label map makes "
+                         "invalid, so the context would show true examples only")
     for lab in labels:
         if mapping.get(lab) != 0:
             raise ValueError(f"critic.probe_context.not_true: {lab!r} is not a label the label map makes invalid")
@@ -136,31 +140,40 @@ def lm_body(model):
     return base, ("cache" if "cache" in params else "past_key_values")
 
 
+def check_context_length(model, tok, context_tokens: int, max_length: int) -> None:
+    """Refuse a context after which a statement of ``max_length`` tokens would not fit the LM: past a sliding window
+    the local layers drop context tokens, past the positions the LM has it fails. Checked for the longest statement
+    the critic may read, so that a critic that fitted never refuses a longer generation when it scores."""
+    longest = context_tokens + len(item_ids(tok, "")[0]) + max_length
+    text_cfg = model.config.get_text_config()
+    for what, limit in (("sliding window", getattr(text_cfg, "sliding_window", None)),
+                        ("positions", getattr(text_cfg, "max_position_embeddings", None))):
+        if limit and longest > limit:
+            raise ValueError(f"critic.probe_context: the context ({context_tokens} tokens) and a statement of up to "
+                             f"critic.max_length={max_length} tokens take {longest}, over the LM's {limit} {what}; "
+                             "use fewer or shorter examples or a smaller max_length")
+
+
 @torch.no_grad()
-def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], layer: int, batch_size: int = 32,
-                     max_length: int = 64, progress: bool = True, final_state: bool = False):
+def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], layer: int | Sequence[int],
+                     batch_size: int = 32, max_length: int = 64, progress: bool = True, final_state: bool = False):
     """Each text read after the context ``prefix`` (token ids) as "Statement: <s>\\nJudgement:": layer ``layer``'s
     ``[mean over the statement's tokens ‖ its last token ‖ the state at "Judgement:"]``, float32 (n, 3 * hidden).
     The prefix runs once; each batch copies its KV cache. ``final_state``: also the top layer's (normed) state at
-    "Judgement:" (n, hidden), which the LM head reads."""
+    "Judgement:" (n, hidden), which the LM head reads. A list of layers gives each one's features side by side,
+    from one forward (experiments comparing layers)."""
     texts = [str(t) for t in texts]
     device = next(model.parameters()).device
     hidden = model.config.get_text_config().hidden_size
     items = [item_ids(tok, t, max_length) for t in texts]
     n_head = len(tok("Statement:", add_special_tokens=False)["input_ids"])
     P = len(prefix)
-    text_cfg = model.config.get_text_config()
-    longest = P + max((len(ids) for ids, _ in items), default=0)
-    # past a sliding window the local layers would drop context tokens; past the positions the LM has, it fails
-    for what, limit in (("sliding window", getattr(text_cfg, "sliding_window", None)),
-                        ("positions", getattr(text_cfg, "max_position_embeddings", None))):
-        if limit and longest > limit:
-            raise ValueError(f"critic.probe_context: the context and a statement take {longest} tokens, over the "
-                             f"LM's {limit} {what}; use fewer or shorter examples")
+    check_context_length(model, tok, P, max_length)
     was_training = model.training
     model.eval()
     base, cache_kw = lm_body(model)
-    out = np.zeros((len(texts), 3 * hidden), dtype=np.float32)
+    layers = [layer] if isinstance(layer, int) else [int(x) for x in layer]
+    out = np.zeros((len(texts), 3 * hidden * len(layers)), dtype=np.float32)
     top = np.zeros((len(texts), hidden), dtype=np.float32) if final_state else None
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     try:
@@ -183,12 +196,13 @@ def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], la
             cache.batch_repeat_interleave(B)
             o = base(input_ids=ids, attention_mask=mask, use_cache=True, output_hidden_states=True,
                      **{cache_kw: cache})
-            h = o.hidden_states[layer].float()
             rows = torch.arange(B, device=device)
-            in_stmt = ((pos >= n_head) & (pos < n_head + n_stmt[:, None])).unsqueeze(-1).to(h.dtype)
-            mean = (h * in_stmt).sum(1) / n_stmt[:, None].clamp(min=1)
-            feats = torch.cat([mean, h[rows, n_head + n_stmt - 1], h[rows, lens - 1]], -1)
-            out[idx] = feats.cpu().numpy()
+            in_stmt = ((pos >= n_head) & (pos < n_head + n_stmt[:, None])).unsqueeze(-1).float()
+            feats = []
+            for h in (o.hidden_states[x].float() for x in layers):
+                mean = (h * in_stmt).sum(1) / n_stmt[:, None].clamp(min=1)
+                feats += [mean, h[rows, n_head + n_stmt - 1], h[rows, lens - 1]]
+            out[idx] = torch.cat(feats, -1).cpu().numpy()
             if final_state:
                 top[idx] = o.last_hidden_state.float()[rows, lens - 1].cpu().numpy()
     finally:
@@ -297,7 +311,8 @@ def fit_probe(cfg: dict, rows: Sequence[dict], texts: Sequence[str], ys: np.ndar
     context, examples = probe_context(cfg, rows, texts, train_idx)
     if context is not None:
         log.info("critic probe: %d train statements as context (left out of the fit):\n%s", len(examples), context)
-        train_idx = np.asarray(train_idx)[~np.isin(train_idx, examples)]
+        shown = {texts[i] for i in examples}  # by text: a duplicate of an example leaves the fit too
+        train_idx = np.asarray(train_idx)[[texts[i] not in shown for i in train_idx]]
     X, _, _ = probe_lm_features(cfg, texts, device, context)
     sc = StandardScaler().fit(X[train_idx])
     Xs = sc.transform(X)
@@ -311,7 +326,10 @@ def fit_probe(cfg: dict, rows: Sequence[dict], texts: Sequence[str], ys: np.ndar
                   str(tmp / WEIGHTS))
         write_json(tmp / "critic_meta.json", {
             "kind": "probe", "lm": cfg["probe_lm"], "layer": layer, "max_length": int(cfg["max_length"]), "C": C,
-            "canonicalize": bool(cfg["canonicalize"]), "context": context, "context_examples": len(examples),
+            "canonicalize": bool(cfg["canonicalize"]),
+            # the context's examples leave the fit: n_fit is the train rows fitted
+            **({"context": context, "context_examples": len(examples), "n_fit": int(len(train_idx))}
+               if context is not None else {}),
             # no timings here: the model folder's bytes are an input fingerprint (metrics.json has fit_seconds)
             "best_score": ap, "monitor": "dev AP", "label_map": cfg.get("label_map")})
     log.info("critic probe: layer %d, C=%g (dev AP %.4f), %d features, %.0fs", layer, C, ap, X.shape[1],

@@ -210,7 +210,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     ``probe_ap``). ``sources`` names the split of each number.
     """
     from critics.probe import fit_probe
-    from critics.scoring import load_critic, score_loaded
+    from critics.scoring import critic_meta, load_critic, score_loaded
     from critics.surface import floor_warning, score_probes, surface_floor
     from callbacks.plots import plot_pr_curves, plot_score_histogram
 
@@ -309,6 +309,8 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         "n_kept_dev": dev_kept, **surface, **probes,
         "ap_over_surface": None if surface["surface_ap"] is None else ap - surface["surface_ap"],
         "n_train": int(len(train_idx)), "n_dev": int(len(dev_idx)), "n_test": int(len(test_idx)),
+        # a probe's few-shot context examples are train rows it reads but does not fit on
+        "n_train_fit": int(critic_meta(critic).get("n_fit", len(train_idx))),
         "n_test_concepts": len(split_concepts["test"]), "test_valid_rate": float(y_test.mean()),
         "fit_seconds": fit_s, "annotations": report.summary(), "n_unfinished_left_out": n_unfinished,
         "sources": {"delta": delta_from, "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",

@@ -197,15 +197,15 @@ def main(cfg: DictConfig):
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    config.setup_run(cfg)
     try:
+        config.setup_run(cfg)
         generate(cfg)
     except (GenerateError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # one line and 128 + SIGINT, as i2d2.train
-        kept = (f"; the finished generation shards are in {cfg.generate.out_dir}: rerun the same command to resume"
-                if cfg.generate.get("out_dir") else "")
+        kept = (f"; generation shards finished so far are in {cfg.generate.out_dir}: rerun the same command to "
+                "resume" if cfg.generate.get("out_dir") else "")
         print(f"interrupted: i2d2.generate{kept}", file=sys.stderr)
         sys.exit(130)
     finally:

@@ -1,4 +1,5 @@
-"""Experiment: does few-shot in-context conditioning help the default probe critic?
+"""Experiment: does few-shot in-context conditioning help the probe critic?  (It led to ``critic.probe_context``:
+the default critic is this script's k16 stmt|judge, drawn by the same code, critics/probe.py.)
 
 Reads the I2D2 critic's labelled data and splits exactly as ``critics.train.train_critic`` does (default ``critic``
 config: ``complete_only``, ``canonicalize``, concepts grouped into train / dev / test). Each variant puts a short
@@ -15,7 +16,8 @@ and reads, from one forward pass per statement (the prefix is run once and its K
   LM margin    logit(" true") - logit(" false") at that position, the LM's own verdict: a ranker with no training
 
 The first three get the probe's fit (standardised, logistic regression, C chosen on dev; the example statements are
-left out of the fit). The plain probe (``critics.probe.lm_features``, no context) is reproduced alongside. A
+left out of the fit). The plain probe (``critics.probe.lm_features``, no context; ``critic.probe_context.examples=0``)
+is reproduced alongside. A
 variant is picked by dev AP only; test AP of every row is printed, and test chose nothing. Before the variants, two
 statements are checked against a forward of prefix + statement without the cache.
 
@@ -50,7 +52,9 @@ printed as description only. Measured (2,287 statements, 253 concepts; GroupKFol
   k0 stmt|judge    0.003  0.695 ± 0.059            2/5            0.646
 
 k16 stmt|judge minus plain, per fold: +0.044 +0.047 -0.004 +0.005 +0.020 (mean +0.022); the k0 control is level
-with plain (+0.002), so the gain comes from the examples, not the template. Five shuffled partitions (seeds 0-4) give
+with plain (+0.002), so the gain comes from the examples, not the template. ``--layers 8,10,12,14,16`` adds k16
+stmt|judge read at those layers (one forward, cached as features_k16_layers.npz): CV AP 0.705 / 0.714 / 0.715 /
+0.697 / 0.690, so probe_layer 12 stays. Five shuffled partitions (seeds 0-4) give
 mean gains +0.025 / +0.032 / +0.019 / +0.010 / +0.023 with 3, 5, 4, 5, 4 of 5 folds above 0; CV picks k16
 stmt|judge on every partition. With the examples' whole concepts also left out (--drop-example-concepts, 2,082
 statements) the gain is +0.030, 5 of 5 folds: no leak through the examples' concepts. A small gain, in the same
@@ -195,7 +199,8 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
         prefix, ex, text = build_prefix(tok, c, name, full_rows, full_texts, full_tr)
         example_stmts |= {full_rows[i]["statement"] for i in ex}
         print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
-        key = feature_key(kind="fewshot", lm=c["probe_lm"], layer=layer, prefix=prefix, texts=texts)
+        key = feature_key(kind="fewshot", lm=c["probe_lm"], layer=layer, max_length=int(c["max_length"]),
+                          prefix=prefix, texts=texts)
         F, s, hit = cached_features(
             cache_dir / f"features_{name}{suffix}.npz", key,
             lambda p=prefix: dict(zip(("S", "J", "M"), fewshot_features(model, tok, p, texts, layer, args.batch_size, int(c["max_length"])))))
@@ -210,6 +215,20 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
         parts = {"stmt": F["S"], "judge": F["J"], "stmt|judge": np.concatenate([F["S"], F["J"]], 1)}
         for r in readouts:
             feats[f"{name} {r}"], secs[f"{name} {r}"], note[f"{name} {r}"] = parts[r], s, "cached" if hit else "computed"
+
+    if args.layers:  # k16 stmt|judge read at other layers, from one forward (the default reads probe_layer)
+        layers = [int(x) for x in args.layers.split(",")]
+        prefix, _, _ = build_prefix(tok, c, "k16", full_rows, full_texts, full_tr)
+        key = feature_key(kind="fewshot-layers", lm=c["probe_lm"], layers=layers, max_length=int(c["max_length"]),
+                          prefix=prefix, texts=texts)
+        F, s, hit = cached_features(
+            cache_dir / f"features_k16_layers{suffix}.npz", key,
+            lambda: {"X": context_features(model, tok, prefix, texts, layers, args.batch_size, int(c["max_length"]))})
+        print(f"k16 features at layers {layers}: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
+        width = F["X"].shape[1] // len(layers)
+        for j, layer_j in enumerate(layers):
+            v = f"k16 stmt|judge L{layer_j}"
+            feats[v], secs[v], note[v] = F["X"][:, j * width:(j + 1) * width], s, "cached" if hit else "computed"
 
     # the k16 examples leave every variant's rows (CV folds and test alike), so all are scored on the same rows;
     # --drop-example-concepts also drops the other statements of their concepts (the prompt shows one of each)
@@ -284,6 +303,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cv", action="store_true",
                     help="grouped K-fold CV on train+dev instead of the dev pick (plain, k16, k0; --variants unused)")
     ap.add_argument("--folds", type=int, default=5, help="--cv: number of concept-grouped folds")
+    ap.add_argument("--layers", default="", help="--cv: also k16 stmt|judge read at these layers, e.g. 8,10,12,14,16")
     ap.add_argument("--cache-dir", default=str(ROOT / "runs" / "critic_fewshot_features"), help="--cv: where features_*.npz are kept (reruns only fit)")
     ap.add_argument("--drop-example-concepts", action="store_true",
                     help="--cv: also leave out every statement of the k16 examples' concepts (a leak check)")

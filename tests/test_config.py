@@ -180,6 +180,8 @@ BAD_VALUES = [
     (["critic.probe_context.examples=1"], r"critic\.probe_context\.examples: must be 0 \(no context\) or"),
     (["critic.probe_context.max_words=0"], r"critic\.probe_context\.max_words: must be an integer >= 1"),
     (["critic.probe_context.not_true=[true]"], r"critic\.probe_context\.not_true: 'True' is not a label the label"),
+    (["critic.probe_context.max_words=2"],  # the labelled data is checked before generating
+     r"critic\.probe_context: only 0 train statements labelled 'true' of at most 2 words"),
     (["task=comparatives", "decoding.beam_size=0"], r"decoding\.beam_size: must be an integer >= 1"),
     (["task=comparatives", "iteration=-1"], r"iteration: must be an integer >= 0"),
     (["task=comparatives", "data.min_entities=null"], r"data\.min_entities: must be an integer >= 0, got None"),

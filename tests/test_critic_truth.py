@@ -359,7 +359,7 @@ def test_probe_features_are_the_hidden_states_without_the_vocabulary_logits():
 
 
 def test_probe_critic_reads_each_statement_after_a_fewshot_context_of_train_statements(tmp_path):
-    from critics.data import canonical_statement
+    from critics.data import canonical_statement, normalize_label
     from critics.scoring import score_texts
     from critics.train import train_critic
 
@@ -376,6 +376,10 @@ def test_probe_critic_reads_each_statement_after_a_fewshot_context_of_train_stat
     shown = [line[len("Statement: "):] for line in meta["context"].splitlines() if line.startswith("Statement: ")]
     verdicts = [line.split(": ")[1] for line in meta["context"].splitlines() if line.startswith("Judgement: ")]
     assert meta["context_examples"] == 4 and len(shown) == 4 and verdicts == ["true", "false"] * 2
+    # the examples are read, not fitted on: they leave the training rows
+    assert res["n_train_fit"] == meta["n_fit"] == res["n_train"] - 4
+    labels = {canonical_statement(r["statement"]): r["label"] for r in read_jsonl(sub)}
+    assert [normalize_label(labels[s]) for s in shown[1::2]] == ["false", "too_vague_to_judge"]  # not_true, in turn
     assert meta["context"].startswith("Judge.\n\nStatement: ") and all(len(x.split()) <= 6 for x in shown)
     # the examples come from train concepts only: no dev or test statement shares a concept with one
     split = json.loads((tmp_path / "critic" / "split.json").read_text())
@@ -408,6 +412,10 @@ def test_context_features_equal_an_uncached_forward_of_context_and_statement():
         a, b = len(prefix) + n_head, len(prefix) + n_head + n
         want.append(torch.cat([h[a:b].mean(0), h[b - 1], h[-1]]).numpy())
     np.testing.assert_allclose(got, np.stack(want), atol=1e-4)
+    # several layers from one forward: each layer's features side by side, in the order asked
+    both = context_features(model, tok, prefix, texts, layer=[1, 2], batch_size=4, progress=False)
+    one = context_features(model, tok, prefix, texts, layer=1, batch_size=4, progress=False)
+    np.testing.assert_allclose(both, np.concatenate([one, got], 1), atol=1e-4)
 
 
 def test_context_examples_refuse_labels_that_are_not_invalid_and_too_few_candidates():
@@ -422,6 +430,15 @@ def test_context_examples_refuse_labels_that_are_not_invalid_and_too_few_candida
         context_examples(rows, texts, [0, 1, 2, 3], 4, ["true"], seed=0, max_words=14)
     with pytest.raises(ValueError, match="only 1 train statements labelled 'false'"):
         context_examples(rows, texts, [0, 1, 2, 3], 4, ["false"], seed=0, max_words=14)
+    twice = context_examples(rows, texts, [0, 1, 2, 3], 4, ["False", "false", "episodic"], seed=0, max_words=14)
+    assert sorted(twice) == [0, 1, 2, 3]  # one label named twice (spellings alike) is drawn from once
+    # an odd seed starts with a not-true example; max_words leaves longer statements out
+    odd = context_examples(rows, texts, [0, 1, 2, 3], 4, ["false", "episodic"], seed=1, max_words=14)
+    assert [rows[i]["y"] for i in odd] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="only 0 train statements labelled 'true' of at most 0 words"):
+        context_examples(rows, texts, [0, 1, 2, 3], 2, ["false"], seed=0, max_words=0)
+    with pytest.raises(ValueError, match="true examples only"):  # no invalid label in train
+        context_examples(rows, texts, [0, 1], 2, [], seed=0, max_words=14)
 
 
 def test_a_context_longer_than_the_lm_reads_is_refused_naming_the_key():
@@ -430,7 +447,7 @@ def test_a_context_longer_than_the_lm_reads_is_refused_naming_the_key():
 
     model, tok = load_causal_lm("tiny:gpt2")  # 256 positions
     with pytest.raises(ValueError, match=r"critic\.probe_context: .* over the LM's 256 positions"):
-        context_features(model, tok, [5] * 250, ["Birds can fly."], layer=1, progress=False)
+        context_features(model, tok, [5] * 200, ["Birds can fly."], layer=1, progress=False)  # 200 + 64 > 256
 
 def test_canonical_statement_strips_only_a_leading_hedge():
     from critics.data import canonical_statement
