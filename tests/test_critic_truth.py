@@ -358,6 +358,14 @@ def test_probe_features_are_the_hidden_states_without_the_vocabulary_logits():
 
 
 
+def test_heldout_confirmation_concepts_are_in_no_critic_label_set():
+    # the per-iteration accuracy is measured on concepts no critic trains or chooses anything on
+    critic_concepts = {r["concept"] for r in read_jsonl(GEMMA)}
+    for path in sorted(ANNOTATION_DIR.glob("heldout_confirmation*.jsonl")):
+        rows = read_jsonl(path)
+        assert rows and not {r["concept"] for r in rows} & critic_concepts, path.name
+        assert len({r["statement"] for r in rows}) == len(rows), path.name  # each distinct statement once
+
 def test_probe_critic_reads_each_statement_after_a_fewshot_context_of_train_statements(tmp_path):
     from critics.data import canonical_statement, normalize_label
     from critics.scoring import score_texts
