@@ -54,7 +54,10 @@ printed as description only. Measured (2,287 statements, 253 concepts; GroupKFol
 k16 stmt|judge minus plain, per fold: +0.044 +0.047 -0.004 +0.005 +0.020 (mean +0.022); the k0 control is level
 with plain (+0.002), so the gain comes from the examples, not the template. ``--layers 8,10,12,14,16`` adds k16
 stmt|judge read at those layers (one forward, cached as features_k16_layers.npz): CV AP 0.705 / 0.714 / 0.715 /
-0.697 / 0.690, so probe_layer 12 stays. Five shuffled partitions (seeds 0-4) give
+0.697 / 0.690, so probe_layer 12 stays. ``--second-draw`` adds k16s2 (another seed's 16 examples) alone and side by
+side with k16; both draws' examples leave the pool, so the folds differ: plain 0.717, k16 stmt|judge 0.750, k16s2
+0.746 (5 of 5 folds above plain each), both side by side 0.748: the gain does not hinge on one draw, and a second
+context adds nothing. Five shuffled partitions (seeds 0-4) give
 mean gains +0.025 / +0.032 / +0.019 / +0.010 / +0.023 with 3, 5, 4, 5, 4 of 5 folds above 0; CV picks k16
 stmt|judge on every partition. With the examples' whole concepts also left out (--drop-example-concepts, 2,082
 statements) the gain is +0.030, 5 of 5 folds: no leak through the examples' concepts. A small gain, in the same
@@ -78,7 +81,7 @@ from critics.probe import lm_body, context_examples, context_features, context_i
 
 # name: (examples, seed of the draw), drawn as critic.probe_context draws them (critics.probe.context_examples: half
 # true, the rest in turn from probe_context.not_true); k0: the instruction alone, a control for the template
-VARIANTS = {"k8a": (8, 0), "k8b": (8, 1), "k16": (16, 0), "k0": (0, 0)}
+VARIANTS = {"k8a": (8, 0), "k8b": (8, 1), "k16": (16, 0), "k16s2": (16, 2), "k0": (0, 0)}
 DEFAULT_VARIANTS = "k8a,k8b,k16"
 
 
@@ -195,7 +198,8 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
     note["plain (mean|last)"] = "cached" if hit else "computed"
     print(f"plain features: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
     example_stmts = set()
-    for name, readouts in (("k16", ("stmt", "judge", "stmt|judge")), ("k0", ("stmt|judge",))):
+    second_draw = (("k16s2", ("stmt|judge",)),) if args.second_draw else ()
+    for name, readouts in (("k16", ("stmt", "judge", "stmt|judge")), ("k0", ("stmt|judge",))) + second_draw:
         prefix, ex, text = build_prefix(tok, c, name, full_rows, full_texts, full_tr)
         example_stmts |= {full_rows[i]["statement"] for i in ex}
         print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
@@ -215,6 +219,10 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
         parts = {"stmt": F["S"], "judge": F["J"], "stmt|judge": np.concatenate([F["S"], F["J"]], 1)}
         for r in readouts:
             feats[f"{name} {r}"], secs[f"{name} {r}"], note[f"{name} {r}"] = parts[r], s, "cached" if hit else "computed"
+    if args.second_draw:  # two contexts side by side: does a second draw of examples add what the first lacks?
+        v = "k16 + k16s2 stmt|judge"
+        feats[v] = np.concatenate([feats["k16 stmt|judge"], feats["k16s2 stmt|judge"]], 1)
+        secs[v], note[v] = secs["k16 stmt|judge"] + secs["k16s2 stmt|judge"], note["k16s2 stmt|judge"]
 
     if args.layers:  # k16 stmt|judge read at other layers, from one forward (the default reads probe_layer)
         layers = [int(x) for x in args.layers.split(",")]
@@ -303,6 +311,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cv", action="store_true",
                     help="grouped K-fold CV on train+dev instead of the dev pick (plain, k16, k0; --variants unused)")
     ap.add_argument("--folds", type=int, default=5, help="--cv: number of concept-grouped folds")
+    ap.add_argument("--second-draw", action="store_true",
+                    help="--cv: also k16s2 (another seed's 16 examples) alone and side by side with k16")
     ap.add_argument("--layers", default="", help="--cv: also k16 stmt|judge read at these layers, e.g. 8,10,12,14,16")
     ap.add_argument("--cache-dir", default=str(ROOT / "runs" / "critic_fewshot_features"), help="--cv: where features_*.npz are kept (reruns only fit)")
     ap.add_argument("--drop-example-concepts", action="store_true",
