@@ -60,6 +60,8 @@ def test_infilling_masks_thirty_percent_in_poisson_spans():
     n_spans = out.count("<mask>")
     assert 10 <= n_spans <= 30 and "<mask> <mask>" not in " ".join(out)  # one mask token per span
     assert corrupt("", rng, "<mask>") == ""
+    with pytest.raises(ValueError, match="poisson_lambda must be > 0"):  # Poisson(0): every span empty, no end
+        infill_mask(10, rng, ratio=0.3, poisson_lambda=0.0)
 
 
 def test_qa_metrics_on_hand_checked_examples():

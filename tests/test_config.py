@@ -218,6 +218,7 @@ BAD_VALUES = [
     (["task=cmp", "task.eval.batch_size=0"], r"task\.eval\.batch_size: must be an integer >= 1"),
     (["task=cmp", "task.infilling.mask_ratio=0"], r"task\.infilling\.mask_ratio: must be in \(0, 1\], got 0"),
     (["task=cmp", "task.infilling.mask_ratio=1.5"], r"task\.infilling\.mask_ratio: must be in \(0, 1\], got 1\.5"),
+    (["task=cmp", "task.infilling.poisson_lambda=0"], r"task\.infilling\.poisson_lambda: must be > 0"),
 ]
 
 

@@ -60,6 +60,8 @@ def split_qag(text: str) -> tuple[str, str]:
 def infill_mask(n: int, rng: np.random.Generator, ratio: float = 0.3, poisson_lambda: float = 3.0) -> np.ndarray:
     """Boolean mask over ``n`` tokens: exactly ``round(ratio*n)`` masked, in spans whose lengths are
     drawn from Poisson(λ) (zero-length draws dropped), spans separated by at least one kept token."""
+    if not poisson_lambda > 0:  # Poisson(0) draws only empty spans, and the loop below would never end
+        raise ValueError(f"poisson_lambda must be > 0, got {poisson_lambda!r}")
     k_mask = int(round(n * ratio))
     mask = np.zeros(n, dtype=bool)
     if k_mask == 0 or n == 0:

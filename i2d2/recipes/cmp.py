@@ -49,6 +49,8 @@ def check_config(cfg) -> None:
                 "task.downstream.finetune.batch_size")
     r = cfg.task.infilling.mask_ratio  # 0 masks nothing (infilling becomes copying); above 1 is no share
     need(is_num(r) and 0 < r <= 1, "task.infilling.mask_ratio", f"must be in (0, 1], got {r!r}")
+    lam = cfg.task.infilling.poisson_lambda  # 0 draws only empty spans: masking would never finish
+    need(is_num(lam) and lam > 0, "task.infilling.poisson_lambda", f"must be > 0 (mean span length), got {lam!r}")
 
 
 def resolve_path(p: str | None) -> Path | None:
