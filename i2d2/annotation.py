@@ -82,8 +82,8 @@ def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_conc
                           seed: int = 0, exclude: Iterable[str] = (), fmt: str | None = None) -> list[dict]:
     """Write a sample of ``rows`` to label: ``k_per_concept`` statements per concept, stratified by score.
 
-    ``rows`` need ``text_key`` and ``concept_key``; with ``score_key`` present the pick is one statement per
-    score quantile of the concept, otherwise uniform. Statements in ``exclude`` (already labelled) and
+    ``rows`` need ``text_key`` and ``concept_key``; the pick is one statement per score quantile among a concept's
+    rows with a ``score_key``, uniform among its rows where none has one. Statements in ``exclude`` (already labelled) and
     duplicates are skipped. ``fmt`` is 'csv' or 'jsonl' (default: from the suffix). Returns the exported rows.
     """
     out_path = Path(out_path)
@@ -102,7 +102,11 @@ def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_conc
     out = []
     for concept in sorted(by_concept):
         cands = by_concept[concept]
-        if all(score_key in r and r[score_key] is not None for r in cands):
+        # rows without a score never reached the critic (e.g. unfinished sentences the filter drops first, which
+        # the critic does not train on): a concept's scored rows are sampled, the others only where none is scored
+        scored = [r for r in cands if r.get(score_key) is not None]
+        if scored:
+            cands = scored
             picks = _stratified_pick(np.array([float(r[score_key]) for r in cands]), k_per_concept, rng)
         else:
             picks = rng.permutation(len(cands))[:k_per_concept]

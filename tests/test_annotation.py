@@ -48,6 +48,13 @@ def test_export_is_stratified_by_critic_score(tmp_path):
     rows = _generations(2, 3)
     out = export_for_annotation(rows, tmp_path / "s2.jsonl", k_per_concept=4, exclude=[rows[0]["statement"].upper()])
     assert len(out) == 5 and rows[0]["statement"] not in {r["statement"] for r in out}
+    # rows the critic never scored (unfinished, dropped before it) are not sampled while scored ones exist
+    rows = _generations(2, 6) + [{"statement": f"Concept {c} is cut off at", "concept": f"concept-{c}",
+                                  "critic_score": None} for c in range(2) for _ in range(1)]
+    rows += [{"statement": "Concept 9 ends in", "concept": "concept-9"}]  # nothing scored: uniform among its rows
+    out = export_for_annotation(rows, tmp_path / "s3.jsonl", k_per_concept=6)
+    assert all(r["critic_score"] is not None for r in out if r["concept"] != "concept-9")
+    assert len(out) == 13 and [r["statement"] for r in out if r["concept"] == "concept-9"] == ["Concept 9 ends in"]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
