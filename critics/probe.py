@@ -133,11 +133,12 @@ def item_ids(tok, statement: str, max_length: int = 64) -> tuple[list[int], int]
 
 
 def lm_body(model):
-    """The transformer body of a causal LM (its states, no vocabulary head) and the name its forward gives the KV
-    cache (transformers renamed ``past_key_values`` to ``cache``, as i2d2.decoding.neurologic reads it)."""
+    """The transformer body of a causal LM (its states, no vocabulary head) and the keyword its forward takes the
+    KV cache by (``i2d2.models.cache_keyword``)."""
+    from i2d2.models import cache_keyword
+
     base = model.model if hasattr(model, "model") else model.base_model
-    params = inspect.signature(base.forward).parameters
-    return base, ("cache" if "cache" in params else "past_key_values")
+    return base, cache_keyword(base.forward)
 
 
 def check_context_length(model, tok, context_tokens: int, max_length: int) -> None:
@@ -171,6 +172,8 @@ def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], la
     check_context_length(model, tok, P, max_length)
     was_training = model.training
     model.eval()
+    from i2d2.models import output_cache
+
     base, cache_kw = lm_body(model)
     layers = [layer] if isinstance(layer, int) else [int(x) for x in layer]
     out = np.zeros((len(texts), 3 * hidden * len(layers)), dtype=np.float32)
@@ -178,7 +181,7 @@ def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], la
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     try:
         o = base(input_ids=torch.tensor([list(prefix)], device=device), use_cache=True)
-        prefix_cache = getattr(o, "cache", None) or o.past_key_values
+        prefix_cache = output_cache(o)
         order = np.argsort([len(ids) for ids, _ in items], kind="stable")
         for start in tqdm(range(0, len(texts), batch_size), desc="critic features (in context)",
                           disable=not progress, total=(len(texts) + batch_size - 1) // batch_size):

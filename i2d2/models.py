@@ -21,6 +21,7 @@ words are only accepted when known. Nothing else in the project calls ``from_pre
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import re
@@ -221,6 +222,18 @@ def load_classifier(name: str, num_labels: int = 2):
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def cache_keyword(forward) -> str:
+    """The keyword ``forward`` takes its KV cache by: transformers renamed ``past_key_values`` to ``cache`` (the old
+    name warns, and goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def output_cache(out):
+    """The KV cache a forward returned, under either name (``cache_keyword``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def apply_lora(model, lora, task_type: str, where: str):

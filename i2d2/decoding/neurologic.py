@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from i2d2.models import cache_keyword, output_cache
 from i2d2.schemas import DecodingConfig
 
 from .compile import DEAD, NO_EVENT, OTHER, ROOT, Compiled, compile_batch
@@ -148,8 +149,7 @@ class NeuroLogicDecoder:
         self.end_block = torch.where(self.is_end_v, NEG, 0.0)  # added to log-probs before min_new_tokens
         fwd = inspect.signature(model.forward).parameters
         self._pos_ids = "position_ids" in fwd and not self.is_s2s
-        # transformers renamed ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40)
-        self._cache_kw = "cache" if "cache" in fwd else "past_key_values"
+        self._cache_kw = cache_keyword(model.forward)
         self._words = {}  # compile._WordRecord per literal word and the last batch's compile._Lexicon
         self._enc = {}  # tokenization of each literal text validated
         self._checked = set()  # word lists validated with this tokenizer (constraints.validate)
@@ -216,21 +216,16 @@ class NeuroLogicDecoder:
                 start = getattr(getattr(self.model.config, "decoder", None), "bos_token_id", None) or tok.bos_token_id
             dec = torch.full((B * K, 1), int(start), device=d, dtype=torch.long)
             out = self.model(encoder_outputs=self._encoder_out, attention_mask=am, decoder_input_ids=dec, use_cache=True)
-            return out.logits[:, -1, :], self._cache_of(out), am, None
+            return out.logits[:, -1, :], output_cache(out), am, None
         kw = {}
         if self._pos_ids:
             kw["position_ids"] = (am.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=am, use_cache=True, **kw)
-        cache = self._cache_of(out)
+        cache = output_cache(out)
         cache.reorder_cache(rep)
         logits = out.logits[:, -1, :][rep]
         am = am[rep]
         return logits, cache, am, am.sum(-1)
-
-    @staticmethod
-    def _cache_of(out):
-        cache = getattr(out, "cache", None)
-        return cache if cache is not None else out.past_key_values
 
     def _forward(self, tokens, cache, am, pos):
         kw = {self._cache_kw: cache}
@@ -241,7 +236,7 @@ class NeuroLogicDecoder:
             if self._pos_ids:
                 kw["position_ids"] = pos[:, None]
             out = self.model(input_ids=tokens[:, None], attention_mask=am, use_cache=True, **kw)
-        return out.logits[:, -1, :], self._cache_of(out)
+        return out.logits[:, -1, :], output_cache(out)
 
     # ------------------------------------------------------------------ automaton
     def _lookup(self, cp: Compiled, n, f):
