@@ -10,7 +10,8 @@ An annotation file is JSONL or CSV with one statement per row:
     prompt     optional: the prompt the statement was generated from
 
 Raw labels are normalised (lower case, ``(generally) true`` -> ``true``, ``Huh???`` -> ``huh``, spaces ->
-``_``) and mapped to 1 (valid), 0 (invalid) or ``None`` (dropped, e.g. "don't know") by ``label_map``.
+``_``) and mapped to 1 (valid), 0 (invalid) or ``None`` (dropped, e.g. "don't know") by ``DEFAULT_LABEL_MAP`` with
+``label_map``'s entries over it.
 """
 
 from __future__ import annotations

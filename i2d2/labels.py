@@ -60,9 +60,11 @@ def normalize_statement(text: str) -> str:
 
 
 def label_mapping(label_map: Mapping | None) -> dict[str, int | None]:
-    """Normalise a config's label map (keys through ``normalize_label``; values 1/0/None or true/false/null)."""
+    """``DEFAULT_LABEL_MAP`` with a config's label map over it, keys through ``normalize_label`` (values 1/0/None
+    or true/false/null). A config names only what it changes (``++critic.label_map.dont_know=0`` counts "don't
+    know" as invalid instead of dropping it), so a one-key override from the command line keeps every other label."""
     out = {}
-    for k, v in (label_map if label_map is not None else DEFAULT_LABEL_MAP).items():
+    for k, v in {**DEFAULT_LABEL_MAP, **(label_map or {})}.items():
         if v is not None and not isinstance(v, (bool, int)) and str(v).lower() not in ("0", "1", "true", "false"):
             raise ValueError(f"label_map[{k!r}] = {v!r}: values must be 1 (valid), 0 (invalid) or null (drop)")
         out[normalize_label(k)] = None if v is None else int(v if isinstance(v, (bool, int)) else str(v).lower() in ("1", "true"))

@@ -10,6 +10,7 @@ the key. The Python entry points that take plain dicts (tests, notebooks) fill a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
@@ -152,11 +153,16 @@ class CriticConfig:
             raise ValueError("critic.dev_fraction + critic.test_fraction: must leave concepts to train on (< 1)")
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"critic.on_error: must be raise or skip, got {self.on_error!r}")
+        from i2d2.labels import label_mapping, normalize_label
+
+        if self.label_map is not None and not isinstance(self.label_map, Mapping):
+            raise ValueError(f"critic.label_map: must be a map of label -> 1 / 0 / null, got {self.label_map!r}")
+        try:  # at start-up, not when the labels are first read
+            mapping = label_mapping(self.label_map)
+        except ValueError as e:
+            raise ValueError(f"critic.{e}") from None
         pc = ProbeContextConfig(**self.probe_context) if isinstance(self.probe_context, dict) else self.probe_context
         if pc.examples:  # at start-up, not after the run has generated: the labels its examples are drawn from
-            from i2d2.labels import label_mapping, normalize_label
-
-            mapping = label_mapping(self.label_map)
             for lab in pc.not_true:
                 if mapping.get(normalize_label(lab)) != 0:
                     raise ValueError(f"critic.probe_context.not_true: {lab!r} is not a label the label map makes "
@@ -166,9 +172,11 @@ class CriticConfig:
                 raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
     perplexity_batch_size: int = 16
     perplexity_per: str = "word"  # the baseline ranker's perplexity unit (word | token)
-    # raw label (normalised: lower case, punctuation -> _) -> 1 valid, 0 invalid, None dropped;
-    # None: critics.data.DEFAULT_LABEL_MAP (both papers' schemes and GUIDE.md's finer kinds)
-    label_map: Optional[Dict[str, Optional[int]]] = None
+    # raw label (normalised: lower case, punctuation -> _) -> 1 valid, 0 invalid, None dropped, over
+    # i2d2.labels.DEFAULT_LABEL_MAP (both papers' schemes and GUIDE.md's finer kinds): name only what changes.
+    # Typed Any: OmegaConf cannot merge a command-line map into a None typed as Dict
+    # (``++critic.label_map.dont_know=0`` or ``critic.label_map={dont_know: 0}``)
+    label_map: Optional[Any] = None
 
 
 @dataclass

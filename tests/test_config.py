@@ -180,6 +180,10 @@ BAD_VALUES = [
     (["critic.probe_context.examples=1"], r"critic\.probe_context\.examples: must be 0 \(no context\) or"),
     (["critic.probe_context.max_words=0"], r"critic\.probe_context\.max_words: must be an integer >= 1"),
     (["critic.probe_context.not_true=[true]"], r"critic\.probe_context\.not_true: 'True' is not a label the label"),
+    (["critic.label_map={true: yes}"], r"critic\.label_map\[True\] = 'yes': values must be 1 \(valid\), 0"),
+    (["critic.label_map=3"], r"critic\.label_map: must be a map of label -> 1 / 0 / null, got 3"),
+    (["task=comparatives", "++task.filters.discriminator.critic.label_map.invalid=maybe"],
+     r"critic\.label_map\['invalid'\] = 'maybe'.*\(the discriminator's critic"),
     (["critic.probe_context.max_words=2"],  # the labelled data is checked before generating
      r"critic\.probe_context: only 0 train statements labelled 'true' of at most 2 words"),
     (["task=comparatives", "decoding.beam_size=0"], r"decoding\.beam_size: must be an integer >= 1"),

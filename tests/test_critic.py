@@ -55,7 +55,12 @@ def test_label_normalisation_covers_both_papers_schemes(tmp_path):
     rows = load_annotations([p], report=report)
     assert [r["y"] for r in rows] == [1, 0, 0, 1, 0, 0, 0]
     assert report.dropped == {"dont_know": 1, "too_unfamiliar_to_judge": 1}
-    # the mapping is configurable: count "don't know" as invalid instead of dropping it
+    # the mapping is configurable: a config names what it changes over the defaults (one key from the command line,
+    # ++critic.label_map.dont_know=0, keeps every other label), here "don't know" counted invalid instead of dropped
+    rows = load_annotations([p], label_map={"Don't know": 0})
+    assert [r["y"] for r in rows] == [1, 0, 0, 0, 1, 0, 0, 0]
+    rows = load_annotations([p], label_map={"dont_know": 0, "too_unfamiliar_to_judge": 0, "true": 0})
+    assert len(rows) == 9 and sum(r["y"] for r in rows) == 0
     rows = load_annotations([p], label_map={"true": 1, "false": 0, "huh": 0, "dont_know": 0,
                                             "too_subjective_to_judge": 0, "too_vague_to_judge": 0,
                                             "too_unfamiliar_to_judge": 0, "invalid": 0})
