@@ -33,10 +33,19 @@ log = logging.getLogger(__name__)
 WEIGHTS = "probe.safetensors"
 
 
+def check_layer(model, layer) -> None:
+    """Refuse a ``critic.probe_layer`` the LM does not have (hidden_states holds num_hidden_layers + 1 entries)."""
+    n = model.config.get_text_config().num_hidden_layers + 1
+    for x in ([layer] if isinstance(layer, int) else layer):
+        if not -n <= int(x) < n:
+            raise ValueError(f"critic.probe_layer: {x} is not a layer of the probe LM (0 = embeddings .. {n - 1})")
+
+
 @torch.no_grad()
 def lm_features(model, tok, texts: Sequence[str], layer: int, batch_size: int = 32, max_length: int = 64,
                 progress: bool = True) -> np.ndarray:
     """``[mean over tokens ‖ last token]`` of hidden layer ``layer`` for each text, float32 (n, 2 * hidden)."""
+    check_layer(model, layer)
     texts = [str(t) for t in texts]
     device = next(model.parameters()).device
     side = tok.padding_side
@@ -169,6 +178,7 @@ def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], la
     items = [item_ids(tok, t, max_length) for t in texts]
     n_head = len(tok("Statement:", add_special_tokens=False)["input_ids"])
     P = len(prefix)
+    check_layer(model, layer)
     check_context_length(model, tok, P, max_length)
     was_training = model.training
     model.eval()

@@ -53,9 +53,10 @@ def load_critic(model_dir: str | os.PathLike, device: str | None = None):
                  device or resolve_device(None))
 
 
-def score_loaded(critic, texts: Sequence[str], batch_size: int = 64, max_length: int = 64,
+def score_loaded(critic, texts: Sequence[str], batch_size: int = 64, max_length: int | None = None,
                  progress: bool = True) -> np.ndarray:
-    """P(valid) of each text under a critic returned by ``load_critic`` (canonicalised as it was trained)."""
+    """P(valid) of each text under a critic returned by ``load_critic`` (canonicalised and cut to ``max_length``
+    tokens as it was trained: None reads critic_meta.json's ``max_length``)."""
     from critics.data import canonical_statement
 
     if critic_meta(critic).get("canonicalize"):
@@ -63,6 +64,7 @@ def score_loaded(critic, texts: Sequence[str], batch_size: int = 64, max_length:
     if hasattr(critic, "score"):
         return critic.score(list(texts), batch_size=min(batch_size, 32), progress=progress)
     model, tok = critic
+    max_length = int(max_length or critic_meta(critic).get("max_length") or 64)
     return score_model(model, tok, texts, batch_size=batch_size, max_length=max_length, progress=progress)
 
 
@@ -96,7 +98,7 @@ def score_model(model, tokenizer, texts: Sequence[str], batch_size: int = 64, ma
 
 
 def score_texts(model_dir: str | os.PathLike, texts: Sequence[str], batch_size: int = 64,
-                max_length: int = 64, progress: bool = True, device: str | None = None) -> np.ndarray:
+                max_length: int | None = None, progress: bool = True, device: str | None = None) -> np.ndarray:
     """P(valid) of each text under the critic saved in ``model_dir`` (on ``device``, see ``load_critic``);
     shape ``(len(texts),)``."""
     return score_loaded(load_critic(model_dir, device), texts, batch_size=batch_size, max_length=max_length,

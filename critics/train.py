@@ -64,6 +64,14 @@ def fingerprint_view(cfg_critic: dict) -> dict:
     critic LoRA existed keeps its fingerprints (no retraining on resume) and a probe's ignores a setting it never uses;
     ``probe_context`` likewise only for a probe that reads one."""
     out = dict(cfg_critic or {})
+    unused = (("name", "lr", "weight_decay", "warmup_ratio", "dropout", "batch_size", "max_epochs", "patience",
+               "monitor", "lora") if out.get("kind") == "probe" else ("probe_lm", "probe_layer", "probe_C"))
+    from i2d2.schemas import CriticConfig, defaults
+
+    base = defaults(CriticConfig)
+    for key in unused + ("keep_checkpoints", "ckpt_every_n_steps"):  # never change the critic's numbers: read as
+        if key in out and key in base:                               # their defaults, so old fingerprints hold
+            out[key] = base[key]
     if not (out.get("lora") or {}).get("enabled"):
         out.pop("lora", None)
     if out.get("kind") != "probe" or not (out.get("probe_context") or {}).get("examples"):

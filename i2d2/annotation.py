@@ -91,8 +91,13 @@ def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_conc
     seen = {normalize_statement(s) for s in exclude}
     by_concept: dict[str, list[dict]] = {}
     for i, row in enumerate(rows):
+        if row.get(score_key) is not None:
+            try:
+                float(row[score_key])
+            except (TypeError, ValueError):
+                raise DataError(f"row {i + 1}: {score_key} {row[score_key]!r} is not a number") from None
         if text_key not in row or concept_key not in row:
-            raise DataError(f"row {i}: needs fields {text_key!r} and {concept_key!r}, has {sorted(row)}")
+            raise DataError(f"row {i + 1}: needs fields {text_key!r} and {concept_key!r}, has {sorted(row)}")
         key = normalize_statement(row[text_key])
         if not key or key in seen:
             continue
@@ -184,6 +189,7 @@ def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Map
             bad = [v for v in ([label] if label else []) + [normalize_label(v) for v in votes] if v not in known]
             if bad:
                 raise ValueError(f"unknown label(s) {bad}; known: {sorted(known)}")
+            score = None if row.get("critic_score") in (None, "") else float(row["critic_score"])
         except ValueError as e:
             msg = f"{path}:{lineno}: {e}"
             if on_error == "raise":
@@ -193,10 +199,7 @@ def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Map
             continue
         rec = dict(row)
         rec.update(statement=statement, label=label, votes=[normalize_label(v) for v in votes])
-        if rec.get("critic_score") not in (None, ""):
-            rec["critic_score"] = float(rec["critic_score"])
-        else:
-            rec["critic_score"] = None
+        rec["critic_score"] = score  # a non-number fails above, naming path:line
         rec["imported_from"] = str(path)
         out.append(rec)
     log.info("imported %d labelled statements from %s (%d unlabelled skipped)", len(out), path, unlabelled)

@@ -65,7 +65,7 @@ def label_mapping(label_map: Mapping | None) -> dict[str, int | None]:
     know" as invalid instead of dropping it), so a one-key override from the command line keeps every other label."""
     out = {}
     for k, v in {**DEFAULT_LABEL_MAP, **(label_map or {})}.items():
-        if v is not None and not isinstance(v, (bool, int)) and str(v).lower() not in ("0", "1", "true", "false"):
+        if v is not None and str(v).lower() not in ("0", "1", "true", "false"):  # 2, -1: not a class
             raise ValueError(f"label_map[{k!r}] = {v!r}: values must be 1 (valid), 0 (invalid) or null (drop)")
         out[normalize_label(k)] = None if v is None else int(v if isinstance(v, (bool, int)) else str(v).lower() in ("1", "true"))
     return out

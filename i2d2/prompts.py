@@ -341,11 +341,15 @@ class Candidates:
         return [v.text for g in self.groups for v in g]
 
 
-def prompt_candidates(cfg_data, concepts: list[Concept] | None = None) -> Candidates:
+def prompt_candidates(cfg_data, concepts: list[Concept] | None = None, exclude: set[str] = frozenset()) -> Candidates:
     """Load concepts (or take ``concepts``) and build their variant groups; under ``prompt_selection=forms`` each
     group is already down to its form's variant. Deterministic: every rank that calls it gets the same texts."""
     errors: list[str] = []
     concepts = load_concepts(cfg_data, errors) if concepts is None else concepts
+    held = sorted({c.text for c in concepts if c.text.lower() in exclude})
+    if held:  # task.heldout: evaluation concepts only, never prompted, kept, labelled or fine-tuned on in the loop
+        log.info("prompts: %d concept(s) of data.sources left out, being task.heldout's: %s", len(held), held)
+        concepts = [c for c in concepts if c.text.lower() not in exclude]
     if not concepts:
         raise DataError("no concepts loaded: check data.sources " + ("; ".join(errors[:3]) if errors else ""))
     selection, forms = check_prompt_selection(cfg_data)

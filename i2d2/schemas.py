@@ -167,7 +167,11 @@ class CriticConfig:
                 if mapping.get(normalize_label(lab)) != 0:
                     raise ValueError(f"critic.probe_context.not_true: {lab!r} is not a label the label map makes "
                                      f"invalid (those: {sorted(k for k, v in mapping.items() if v == 0)})")
-        for k in ("batch_size", "eval_batch_size", "perplexity_batch_size"):
+        if not self.probe_C or any(float(c) <= 0 for c in self.probe_C):
+            raise ValueError(f"critic.probe_C: must be a non-empty list of numbers > 0, got {self.probe_C!r}")
+        if not 0.0 <= float(self.min_agreement) < 1.0:
+            raise ValueError(f"critic.min_agreement: must be in [0, 1), got {self.min_agreement!r}")
+        for k in ("batch_size", "eval_batch_size", "perplexity_batch_size", "max_length", "max_epochs", "min_examples"):
             if not is_count(getattr(self, k)):
                 raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
     perplexity_batch_size: int = 16

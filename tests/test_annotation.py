@@ -136,3 +136,21 @@ def test_annotate_cli_round_trip(tmp_path, capsys):
     assert main(["import", "--input", str(tmp_path / "bad.csv"), "--store", str(store)]) == 2
     assert "bad.csv:2: unknown label" in capsys.readouterr().err
     assert np.all([r["label"] in ("true", "garbled") for r in read_jsonl(store)])
+
+
+def test_non_numeric_critic_score_is_refused_naming_where(tmp_path):
+    rows = _generations(2, 4)
+    rows[3]["critic_score"] = "high"
+    with pytest.raises(DataError, match=r"row 4: critic_score 'high' is not a number"):
+        export_for_annotation(rows, tmp_path / "s.csv", k_per_concept=4)
+    export_for_annotation(_generations(2, 4), tmp_path / "s.csv", k_per_concept=4)
+    done = _fill_csv(tmp_path / "s.csv", tmp_path / "d.csv", ["true"] * 8)
+    done[1]["critic_score"] = "abc"
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(done[0]))
+        w.writeheader()
+        w.writerows(done)
+    with pytest.raises(DataError, match=r"d\.csv:3: could not convert string to float: 'abc'"):
+        import_annotations(tmp_path / "d.csv")
+    errors = []
+    assert len(import_annotations(tmp_path / "d.csv", on_error="skip", errors=errors)) == 7 and len(errors) == 1

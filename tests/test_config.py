@@ -182,6 +182,11 @@ BAD_VALUES = [
     (["critic.probe_context.not_true=[true]"], r"critic\.probe_context\.not_true: 'True' is not a label the label"),
     (["critic.label_map={true: yes}"], r"critic\.label_map\[True\] = 'yes': values must be 1 \(valid\), 0"),
     (["critic.label_map=3"], r"critic\.label_map: must be a map of label -> 1 / 0 / null, got 3"),
+    (["++critic.label_map.garbled=2"], r"critic\.label_map\['garbled'\] = 2: values must be 1"),  # not a class
+    (["critic.probe_C=[]"], r"critic\.probe_C: must be a non-empty list of numbers > 0"),
+    (["critic.probe_C=[0.0]"], r"critic\.probe_C: must be a non-empty list of numbers > 0"),
+    (["critic.min_agreement=1.5"], r"critic\.min_agreement: must be in \[0, 1\)"),
+    (["critic.max_length=0"], r"critic\.max_length: must be an integer >= 1, got 0"),
     (["task=comparatives", "++task.filters.discriminator.critic.label_map.invalid=maybe"],
      r"critic\.label_map\['invalid'\] = 'maybe'.*\(the discriminator's critic"),
     (["critic.probe_context.max_words=2"],  # the labelled data is checked before generating

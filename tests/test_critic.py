@@ -250,6 +250,21 @@ def test_tiny_critic_scores_and_is_reused(tiny_critic):
     np.testing.assert_allclose(scores, [r["critic_score"] for r in val], atol=1e-5)
     one = score_texts(res["model_dir"], texts[:3][::-1], batch_size=1, progress=False)  # order-independent
     np.testing.assert_allclose(one, scores[:3][::-1], atol=1e-5)
+    # scoring cuts a statement where the critic was trained to (critic_meta.json's max_length), not at a fixed 64
+    import json
+    import shutil
+
+    from critics.scoring import load_critic, score_model
+
+    short = out / "model_max4"
+    shutil.copytree(res["model_dir"], short, dirs_exist_ok=True)
+    meta = json.loads((short / "critic_meta.json").read_text())
+    (short / "critic_meta.json").write_text(json.dumps(dict(meta, max_length=4)))
+    long_text = ["Bicycles can carry a rider and some luggage over long distances on paved and unpaved roads."]
+    model, tok = load_critic(short)
+    cut = score_model(model, tok, long_text, max_length=4, progress=False)
+    assert not np.allclose(cut, score_model(model, tok, long_text, max_length=64, progress=False), atol=1e-6)
+    np.testing.assert_allclose(score_texts(short, long_text, progress=False), cut, atol=1e-6)
     # a finished model folder is reused: no second fit, same numbers; δ can be set directly
     cfg2 = cfg.copy()
     cfg2.delta = 0.5
@@ -376,3 +391,30 @@ def test_lora_critic_checkpoints_hold_only_trained_weights_and_resume(tmp_path, 
     assert "resuming training from" in caplog.text
     meta = json.loads((out / "model" / "critic_meta.json").read_text())
     assert meta["epochs_trained"] == 2 and res["dev_ap"] == pytest.approx(meta["best_score"], abs=1e-5)
+
+
+def test_critic_fingerprint_ignores_settings_that_cannot_change_the_critic():
+    from critics.train import fingerprint_view
+    from i2d2.schemas import CriticConfig, defaults
+
+    for kind in ("finetune", "probe"):
+        base = dict(defaults(CriticConfig), kind=kind)
+        same = [{"keep_checkpoints": True}, {"ckpt_every_n_steps": 10}]
+        same += [{"lr": 5e-5}, {"max_epochs": 9}] if kind == "probe" else [{"probe_layer": 6}, {"probe_C": [1.0]}]
+        for change in same:
+            assert fingerprint_view({**base, **change}) == fingerprint_view(base), (kind, change)
+        used = [{"seed": 7}, {"label_map": {"dont_know": 0}}]
+        used += [{"probe_layer": 6}] if kind == "probe" else [{"lr": 5e-5}]
+        for change in used:
+            assert fingerprint_view({**base, **change}) != fingerprint_view(base), (kind, change)
+
+
+def test_probe_layer_outside_the_lm_is_refused_before_features():
+    from critics.probe import check_layer, lm_features
+    from i2d2.models import tiny_model
+
+    model, tok = tiny_model("gpt2")
+    n = model.config.num_hidden_layers + 1  # hidden_states: the embeddings, then every block
+    check_layer(model, [0, n - 1, -1])
+    with pytest.raises(ValueError, match=rf"critic\.probe_layer: {n} is not a layer of the probe LM \(0 = embeddings \.\. {n - 1}\)"):
+        lm_features(model, tok, ["Dogs bark."], n, progress=False)

@@ -217,6 +217,19 @@ def test_load_concepts_from_config_skip_or_raise(tmp_path):
         load_concepts(cfg)
 
 
+def test_heldout_concepts_never_reach_the_loops_prompts(tmp_path):
+    """task.heldout's concepts are evaluation only: a data source that also lists them (the paper preset's full
+    lists do) must not prompt, keep, label or fine-tune on them."""
+    from i2d2.prompts import heldout_keys, prompt_candidates
+
+    cfg = data_cfg(tmp_path, nouns=("umbrella", "child", "ladder"), goals=("bake bread", "plant a tree"))
+    held = heldout_keys({"nouns": ["Umbrella", "ladder"], "goals": ["plant a tree"]})
+    assert {c.text for c in prompt_candidates(cfg).concepts} >= {"umbrella", "ladder", "plant a tree"}
+    kept = prompt_candidates(cfg, exclude=held)
+    assert [c.text for c in kept.concepts] == ["child", "bake bread"]
+    assert all("umbrella" not in t.lower() and "ladder" not in t.lower() for t in kept.to_score())
+
+
 def test_genericskb_tsv_loader():
     errors = []
     cs = load_genericskb(FIX / "genericskb_small.tsv", errors=errors, min_statements=5)

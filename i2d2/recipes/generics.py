@@ -352,10 +352,20 @@ def prompt_scores_stage(cfg, it_dir: Path, texts: list[str], lm, ranks: Ranks) -
     return out
 
 
+def _heldout_overlap(cfg_data, held: set[str]) -> list:
+    """A fingerprint part: the held-out concepts the data sources also list (left out of the loop's prompts); none
+    when there is no overlap, so that a pool built without any keeps its fingerprint."""
+    from i2d2.concepts import load_concepts
+
+    overlap = sorted(held & {c.text.lower() for c in load_concepts(cfg_data)}) if held else []
+    return [{"heldout_excluded": overlap}] if overlap else []
+
+
 def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple[Path, dict]:
-    from i2d2.prompts import build_generic_prompts, prompt_candidates
+    from i2d2.prompts import build_generic_prompts, heldout_keys, prompt_candidates
 
     out = it_dir / "prompts"
+    held = heldout_keys(cfg.task.get("heldout"))  # never prompted, kept, labelled or fine-tuned on in the loop
     pool0 = Path(cfg.run_dir) / "iter_0" / "prompts" / "all.jsonl"
     sampling = cfg.task.get("prompt_sampling", "fixed")
     max_prompts = cfg.task.get("max_prompts")
@@ -363,9 +373,9 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     if k == 0:
         # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
         fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
-                         max_prompts, sampling, int(cfg.seed))
+                         max_prompts, sampling, int(cfg.seed), *_heldout_overlap(cfg.data, held))
         if stage_done(out, fingerprint(fp, STAGE_FORMAT["prompts"])) is None:  # a built pool needs no scores
-            cand = prompt_candidates(cfg.data)  # on every rank: each scores its share of the same variants
+            cand = prompt_candidates(cfg.data, exclude=held)  # on every rank: each scores its share of the same variants
             scored = prompt_scores_stage(cfg, it_dir, cand.to_score(), lm, ranks)
     else:
         if not pool0.exists():
