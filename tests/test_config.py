@@ -135,8 +135,9 @@ def _start(overrides):
                              "+task.filters.discriminator.critic.lr=1e-5", "+task.filters.discriminator.critic.label_map.maybe=0",
                              "+task.filters.discriminator.cuts.nc_m=0.35", "task.filters.contradiction.scorer=comparative-direction"],
                             # the data sections the user names: concept sources, phrase lists, downstream data sets
-                            ["+data.sources.gkb={path: /data/gkb.tsv, format: genericskb, options: {min_statements: 5}}",
-                             "+data.relations.mine=/data/mine.txt", "data.sources.nouns.relations=mine"],
+                            # (files that exist: the sources are checked at start-up; paths resolve against data.dir)
+                            ["+data.sources.gkb={path: noun_phrases.txt, format: genericskb, options: {min_statements: 5}}",
+                             "+data.relations.mine=relations/general.txt", "data.sources.nouns.relations=mine"],
                             ["task=cmp", "+data.downstream.hotpotqa.dev_path=/data/dev.json"],
                             ["data.perplexity.batch_size=null", "data.perplexity.chunk_size=null"],  # null: the default
                             # a user's own recipe reads its own task and data keys: neither section is checked
@@ -211,6 +212,12 @@ BAD_VALUES = [
     (["data.max_words=abc"], r"data\.max_words='abc' \(expected a number"),  # int('abc') in the prompts stage
     (["task=cmp", "data.check_links=off"], r"data\.check_links='off' \(expected true"),  # bool('off'): the check ran
     (["+data.max_wrds=3"], r"unknown config key\(s\): data\.max_wrds"),
+    # the concept sources, read only after the LM has loaded, are checked at start-up (a -3 cap used to keep all but 3)
+    (["data.sources.nouns.max_concepts=-3"], r"data\.sources\.nouns\.max_concepts: must be null \(all\) or an integer >= 1"),
+    (["data.sources.nouns.kind=verb"], r"data\.sources\.nouns\.kind: must be one of \['noun', 'goal'\], got 'verb'"),
+    (["+data.sources.nouns.pathh=x"], r"data\.sources\.nouns: unknown key\(s\) \['pathh'\]"),
+    (["data.sources.goals.path=/nonexistent/goals.txt"], r"data\.sources\.goals\.path: concept file not found"),
+    (["data.sources.nouns.relations=nosuch"], r"data\.sources\.nouns\.relations: 'nosuch' is not a relational-phrase"),
     # batch sizes of 0 (range(0, n, 0) or an empty batch, after the stages before) and other counts
     (["critic.batch_size=0"], r"critic\.batch_size: must be an integer >= 1, got 0"),
     (["critic.eval_batch_size=-1"], r"critic\.eval_batch_size: must be an integer >= 1, got -1"),

@@ -104,6 +104,12 @@ def check_config(cfg: DictConfig) -> None:
     need(is_num(r) and 0 < r <= 100, "task.filter.near_duplicate_ratio",
          f"must be a rapidfuzz ratio in (0, 100] (100: exact duplicates only), got {r!r}")
     need_counts(cfg, "data.perplexity.batch_size", "data.perplexity.chunk_size", null_ok=True)
+    try:  # the concept sources are read after the LM has loaded: a misspelt one fails here, naming its key
+        from i2d2.concepts import check_sources
+
+        check_sources(cfg.data)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     for key in ("max_per_frame", "max_per_concept"):
         v = _get(t, f"filter.{key}")
         need(v is None or (is_int(v) and v >= 1), f"task.filter.{key}",
