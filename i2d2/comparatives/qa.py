@@ -13,12 +13,14 @@ import numpy as np
 PATTERN = re.compile(r"^\s*compared to (?P<e1>.+?), (?P<e2>.+?) (?P<rel>.+?)\s*[.!]?\s*$", re.IGNORECASE)
 
 
-def to_qa(statement: str, entity1: str | None = None, entity2: str | None = None, swap: bool = False) -> dict:
+def to_qa(statement: str, entity1: str | None = None, entity2: str | None = None, swap: bool = False,
+          prompt: str | None = None) -> dict:
     """One QA item from a comparative statement; ``entity1``/``entity2`` (the prompt's plural entities)
-    make the split exact when entity names contain commas. ``swap`` lists the answer as option A."""
+    make the split exact when entity names contain commas; ``prompt`` (the statement's own prompt, from any
+    data.template ending with entity2) is the head cut off it. ``swap`` lists the answer as option A."""
     statement = statement.strip()
     if entity1 is not None and entity2 is not None:
-        head = f"Compared to {entity1}, {entity2} "
+        head = f"{prompt.strip()} " if prompt else f"Compared to {entity1}, {entity2} "
         if not statement.lower().startswith(head.lower()):
             raise ValueError(f"statement does not start with {head!r}: {statement!r}")
         rel = statement[len(head):].strip().rstrip(".!").strip()
@@ -48,7 +50,7 @@ def export_qa(rows: list[dict], balance: bool = True, seed: int = 0, statement_k
         swaps[np.random.default_rng(seed).permutation(len(rows))[: len(rows) // 2]] = True
     out = []
     for r, s in zip(rows, swaps):
-        item = to_qa(r[statement_key], r.get("plural1"), r.get("plural2"), bool(s))
+        item = to_qa(r[statement_key], r.get("plural1"), r.get("plural2"), bool(s), r.get("prompt"))
         item.update({k: r[k] for k in ("pair_id", "critic_score", "score") if k in r})
         out.append(item)
     return out

@@ -42,7 +42,7 @@ PROMPT_RESERVE = 64  # source tokens kept for the prompt and question; the rest 
 
 def check_config(cfg) -> None:
     """Refused by ``python -m i2d2.train`` before anything loads."""
-    from i2d2.config import is_num, need, need_counts, need_one_pass
+    from i2d2.config import is_int, is_num, need, need_counts, need_one_pass
 
     need_one_pass(cfg, "cmp", "one pre-training / evaluation pass")
     need_counts(cfg, "task.pretrain.batch_size", "task.pretrain.eval_batch_size", "task.eval.batch_size",
@@ -51,6 +51,8 @@ def check_config(cfg) -> None:
     need(is_num(r) and 0 < r <= 1, "task.infilling.mask_ratio", f"must be in (0, 1], got {r!r}")
     lam = cfg.task.infilling.poisson_lambda  # 0 draws only empty spans: masking would never finish
     need(is_num(lam) and lam > 0, "task.infilling.poisson_lambda", f"must be > 0 (mean span length), got {lam!r}")
+    seg = cfg.task.segment_sentences  # 0 divided by zero in cut_documents; < 0 cut documents at random places
+    need(is_int(seg) and seg >= 1, "task.segment_sentences", f"must be an integer >= 1, got {seg!r}")
 
 
 def resolve_path(p: str | None) -> Path | None:
@@ -361,6 +363,17 @@ def make_splits(cfg: DictConfig, quints: list[Quintuple], corpus: Path) -> tuple
     return splits, info
 
 
+def pretrain_fingerprint(cfg: DictConfig, fp_text: str, split_info: dict) -> str:
+    """The pre-training stage's inputs (eval and downstream include it)."""
+    t = cfg.task
+    return fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", list(t.tasks), _container(t.get("mix")),
+                       _container(t.pretrain), _container(t.infilling), t.sep, int(cfg.seed),
+                       float(cfg.data.val_fraction), float(cfg.data.test_fraction), split_info,
+                       # the documents pre-training (and evaluation) read are cut to this many sentences; the
+                       # default stays out of the hash so that runs from before it was fingerprinted keep theirs
+                       *([{"segment_sentences": int(t.segment_sentences)}] if int(t.segment_sentences) != 10 else []))
+
+
 def run(cfg: DictConfig) -> dict:
     t = cfg.task
     bad = [x for x in t.tasks if x not in TASKS]
@@ -389,9 +402,7 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
 
     summary = {"corpus": str(corpus), "model": t.model, "seed": int(cfg.seed), "splits": split_info,
                "tasks": list(t.tasks)}
-    fp_pre = fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", list(t.tasks), _container(t.get("mix")), _container(t.pretrain),
-                         _container(t.infilling), t.sep, int(cfg.seed), float(cfg.data.val_fraction),
-                         float(cfg.data.test_fraction), split_info)
+    fp_pre = pretrain_fingerprint(cfg, fp_text, split_info)
     summary["pretrain"] = run_stage(run_dir / "pretrain", fp_pre,
                                     lambda d: pretrain(cfg, splits, summaries, d, logger), "pretrain")
     pre = summary["pretrain"]

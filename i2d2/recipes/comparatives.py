@@ -110,6 +110,7 @@ def check_config(cfg) -> None:
         if msg.startswith("critic"):
             msg += " (the discriminator's critic: critic.* with task.filters.discriminator.critic.* over it)"
         raise ConfigError(msg if msg.startswith(("critic", "task.", "decoding")) else f"decoding.{msg}") from None
+    _check_template(data.template)
     for key in ("min_entities", "wikidata.max_depth"):
         v = OmegaConf.select(data, key)
         need(is_int(v) and v >= 0, f"data.{key}", f"must be an integer >= 0, got {v!r}")
@@ -118,6 +119,25 @@ def check_config(cfg) -> None:
                      int(data.wikidata.max_depth))
     except (OSError, ValueError) as e:
         raise ConfigError(f"data.classes: {e}") from None
+
+
+def _check_template(template) -> None:
+    """data.template: formatted with the two entities in make_pairs, and read back by the ComparativeQA export,
+    which asks about the subject, so entity2 must end the prompt ('Compared to {entity1}, {entity2}')."""
+    import string
+
+    from i2d2.config import need
+
+    need(isinstance(template, str), "data.template", f"must be a string, got {template!r}")
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"data.template: {e} in {template!r}") from None
+    need(sorted(fields) == ["entity1", "entity2"], "data.template",
+         f"must hold {{entity1}} and {{entity2}} once each and no other field, got {template!r}")
+    need(template.rstrip().endswith("{entity2}"), "data.template",
+         f"must end with {{entity2}} (the subject the statement continues about, which ComparativeQA asks "
+         f"for), got {template!r}")
 
 
 # ----------------------------------------------------------------------------- stages
@@ -271,16 +291,26 @@ def _recorded(critic: dict, cfg) -> dict:
                          if critic.get(k)}}
 
 
-def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None) -> dict:
+def critic_fingerprint(cfg, ccfg: dict, paths: list[Path], perplexity_baseline: bool, lm_key: str | None) -> str:
+    """The critic stage's inputs. The LM-perplexity baseline (ap_perplexity) is computed inside the stage: with it on,
+    which LM it used is an input too; with it off nothing is added, so earlier runs keep their fingerprints."""
+    from critics.train import fingerprint_view
+
+    ppl = [{"perplexity_baseline": lm_key or "generator"}] if perplexity_baseline else []
+    return fingerprint(fingerprint_view(ccfg), *paths, _plain(cfg.trainer), *ppl)
+
+
+def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None,
+                        lm_key: str | None = None) -> dict:
     from critics.metrics import precision_at_top
     from critics.scoring import score_texts
-    from critics.train import fingerprint_view, train_critic
+    from critics.train import train_critic
     from i2d2.lightning_setup import resolve_device
 
     dcfg = cfg.task.filters.discriminator
     ccfg = critic_cfg(cfg)
     paths = annotation_paths(cfg)
-    critic = run_stage(critic_dir, fingerprint(fingerprint_view(ccfg), *paths, _plain(cfg.trainer)),
+    critic = run_stage(critic_dir, critic_fingerprint(cfg, ccfg, paths, lm is not None, lm_key),
                        lambda d: _recorded(train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm), cfg),
                        name="critic")
     critic_model = in_run(critic["model_dir"], cfg.run_dir)
@@ -399,7 +429,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     if fcfg.discriminator.enabled:
         t0 = time.time()
         lm = (model, tok) if fcfg.discriminator.perplexity_baseline else None
-        disc = discriminator_stage(cfg, prev, it / "critic", fdir / "discriminator", tracker, lm)
+        disc = discriminator_stage(cfg, prev, it / "critic", fdir / "discriminator", tracker, lm, model_key)
         counts["discriminator"] = {k: v for k, v in disc.items() if k != "critic"}
         timings["discriminator"] = time.time() - t0
     write_json(fdir / "stage_counts.json", {"stages": [{"stage": k, **v} for k, v in counts.items()]})

@@ -203,7 +203,8 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     fp_data = fingerprint(*files, {k: d.get(k) for k in ("pairs", "affirmatives", "use_rules", "rules_on_pairs")},
                           {"rules": list(m.rules), "max_blanks": int(m.max_blanks),
                            "train_max_variants": int(m.train_max_variants)},
-                          float(cfg.task.train.val_fraction), int(cfg.seed), "negverse-data-v3")
+                          float(cfg.task.train.val_fraction), int(cfg.seed), "negverse-data-v3",
+                          *_spacy_fingerprint(cfg.task.spacy, nlp))
     data_dir = run_dir / "data"
     data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
     log.info("negverse data: %s", data_stats)
@@ -227,6 +228,19 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     summary = {"data": data_stats, "train": train_summary, "eval": metrics}
     publish_report(run_dir, summary, _report(summary), tracker, prefix="negverse")
     return summary
+
+
+def _spacy_fingerprint(name: str, nlp) -> list:
+    """The parser every stage reads (masks, rule pairs, cue and grammar filters): fp_train and fp_eval include
+    fp_data, so a different pipeline redoes all three. The packaged default adds nothing, so that runs from before
+    the parser was fingerprinted keep their fingerprints."""
+    from i2d2.io import model_fingerprint
+
+    if str(name) == "packaged:spacy-sm":
+        return []
+    meta = getattr(nlp, "meta", {}) or {}
+    return [{"spacy": str(name), "content": model_fingerprint(str(name)), "pipes": list(getattr(nlp, "pipe_names", [])),
+             "version": f"{meta.get('lang')}_{meta.get('name')}-{meta.get('version')}"}]
 
 
 def _report(summary: dict) -> str:
