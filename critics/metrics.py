@@ -18,17 +18,17 @@ def average_precision(y, scores) -> float:
     return float(average_precision_score(y, np.asarray(scores, dtype=float)))
 
 
-def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float, int]:
+def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float | None, int]:
     """Precision, recall and number kept of the rule ``score > delta`` (the filter's rule).
 
-    Precision of an empty kept set is undefined: None, never 1.0."""
+    Precision of an empty kept set is undefined: None, never 1.0; so is recall where no row is positive."""
     y = np.asarray(y).astype(bool)
     keep = np.asarray(scores, dtype=float) > delta
     n_keep = int(keep.sum())
     tp = int((keep & y).sum())
     precision = float(tp / n_keep) if n_keep else None
-    recall = tp / int(y.sum()) if y.any() else 0.0
-    return precision, float(recall), n_keep
+    recall = float(tp / int(y.sum())) if y.any() else None
+    return precision, recall, n_keep
 
 
 def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
@@ -55,8 +55,11 @@ def _cuts(y, scores):
     return values, precision, recall
 
 
-def precision_at_recall(y, scores, min_recall: float = 0.8) -> float:
-    """Best precision among thresholds whose recall is at least ``min_recall`` (NeuroComparatives App. B)."""
+def precision_at_recall(y, scores, min_recall: float = 0.8) -> float | None:
+    """Best precision among thresholds whose recall is at least ``min_recall`` (NeuroComparatives App. B); None
+    (undefined) where no row is positive."""
+    if not np.asarray(y).astype(bool).any():
+        return None
     _, p, r = _cuts(y, scores)
     ok = r >= min_recall - 1e-12
     return float(p[ok].max()) if ok.any() else 0.0

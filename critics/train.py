@@ -296,7 +296,8 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         ppl_score = -np.log(ppl)  # lower perplexity = ranked as more valid
         ap_ppl = average_precision(y_test, ppl_score)
         curves[f"LM perplexity ({_lm_name(lm_model)})"] = (y_test, ppl_score)
-    marks = {f"δ={delta:.2f} (from {delta_from})": (recall, precision)} if precision is not None else {}
+    marks = ({f"δ={delta:.2f} (from {delta_from})": (recall, precision)}
+             if precision is not None and recall is not None else {})
     plot_pr_curves(curves, out_dir / "pr_curve.png", title="Test concepts: critic vs surface floor vs perplexity",
                    marks=marks)
     plot_score_histogram(s_test, y_test, out_dir / "score_histogram.png", delta=delta,

@@ -124,6 +124,11 @@ def test_three_splits_are_disjoint_by_concept_and_cover_everything():
 def test_precision_of_an_empty_kept_set_is_undefined():
     p, r, n = precision_recall_at([1, 0, 1], [0.2, 0.3, 0.4], 0.9)
     assert p is None and r == 0.0 and n == 0
+    # so are recall and precision at a recall where no row is positive (a one-class split), not 0.0
+    from critics.metrics import precision_at_recall
+
+    assert precision_recall_at([0, 0, 0], [0.9, 0.2, 0.1], 0.5) == (0.0, None, 1)
+    assert precision_at_recall([0, 0, 0], [0.9, 0.2, 0.1]) is None
 
 
 # ----------------------------------------------------------------------------- probes
