@@ -99,13 +99,29 @@ def read_concepts(g) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def check_args(g) -> None:
+    """The generate.* values, before any model loads: a bad one is a GenerateError naming its key (a negative top_k
+    printed all but the last statements, a non-numeric delta failed with a traceback)."""
+    from i2d2.config import is_int, is_num
+
+    for key in ("top_k", "prompts_per_concept"):
+        v = g.get(key)
+        if not (is_int(v) and v >= 1):
+            raise GenerateError(f"generate.{key}: must be an integer >= 1, got {v!r}")
+    d = g.get("delta")
+    if not (d is None or (is_num(d) and 0.0 <= d < 1.0)):
+        raise GenerateError(f"generate.delta: must be null (the critic's δ) or a number in [0, 1), got {d!r}")
+    if not isinstance(g.get("only_accepted", False), bool):
+        raise GenerateError(f"generate.only_accepted: must be true or false, got {g.get('only_accepted')!r}")
+
+
 def generate(cfg: DictConfig) -> list[dict]:
     """Run the on-demand pipeline; return the scored statements (best first within each concept)."""
     import numpy as np
 
     from critics.scoring import score_texts
     from i2d2.generation import generate_stage
-    from i2d2.io import read_jsonl, write_jsonl
+    from i2d2.io import model_fingerprint, read_jsonl, write_jsonl
     from i2d2.lightning_setup import resolve_device
     from i2d2.models import load_causal_lm
     from i2d2.prompts import build_generic_prompts
@@ -114,6 +130,7 @@ def generate(cfg: DictConfig) -> list[dict]:
     g = cfg.generate
     if g.kind not in ("noun", "goal"):
         raise GenerateError(f"generate.kind must be noun or goal, got {g.kind!r}")
+    check_args(g)
     concepts = read_concepts(g)
     name, k = resolve_model(cfg)
     critic = resolve_critic(cfg, k)
@@ -142,8 +159,11 @@ def generate(cfg: DictConfig) -> list[dict]:
                 by_concept[p["concept"]].append(p)
         chosen = [p for c in concepts for p in by_concept.get(c, [])]
         write_jsonl(work / "prompts.jsonl", chosen)
+        # the model by its weights and dtype, not its path: shards an earlier call left in out_dir from another
+        # model at the same path (an iteration trained again into iter_k/model) are decoded again, not reused
         generate_stage(model, tok, work / "prompts.jsonl", work / "generations", OmegaConf.to_container(cfg.decoding, resolve=True),
-                       shard_size=int(OmegaConf.select(cfg, "data.generation.shard_size", default=64) or 64))
+                       shard_size=int(OmegaConf.select(cfg, "data.generation.shard_size", default=64) or 64),
+                       model_key=[model_fingerprint(name), str(cfg.model.get("dtype"))])
         rows = read_jsonl(work / "generations" / "generations.jsonl")
         for r in rows:
             r["statement"] = join_statement(r["prompt"], r["generation"])

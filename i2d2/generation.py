@@ -123,8 +123,11 @@ def _check_fingerprint(out_dir: Path, fp: str, may_clean: bool) -> None:
 
 def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding_cfg: dict, tracker=None,
                    shard_size: int = 64, rank: int | None = None, world_size: int | None = None,
-                   sample_rows: int = 20) -> dict:
+                   sample_rows: int = 20, model_key=None) -> dict:
     """Decode every prompt of ``prompts_path`` with NeuroLogic decoding; see the module docstring.
+
+    ``model_key``: what identifies the model in the shards' fingerprint (its weights); default: the path it was
+    loaded from, enough inside a stage whose own fingerprint holds the weights.
 
     Returns ``n_prompts``, ``n_generations``, ``constraint_satisfaction_rate`` (share of generations with
     every constraint satisfied) and ``prompts_per_s`` (decoding throughput over the finished shards) plus
@@ -151,7 +154,8 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise DataError(f"{prompts_path}: duplicate prompt_id {dup!r}")
-    fp = fingerprint(prompts_path, cfg, int(shard_size), getattr(getattr(model, "config", None), "_name_or_path", ""))
+    fp = fingerprint(prompts_path, cfg, int(shard_size),
+                     getattr(getattr(model, "config", None), "_name_or_path", "") if model_key is None else model_key)
     _check_fingerprint(out_dir, fp, may_clean=(rank == 0 or not use_barrier))
     if use_barrier:
         dist.barrier()

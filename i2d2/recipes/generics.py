@@ -54,10 +54,11 @@ log = logging.getLogger(__name__)
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-FILTER_FORMAT = 6  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
+FILTER_FORMAT = 7  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
 # 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table; 5: near-duplicates
 # also by content words (filtering.content_key: word order, article, number, modal); lists repeating an item dropped;
-# 6: max_per_frame
+# 6: max_per_frame; 7: a list repeating its first item dropped ("cut wood, wood"), near-duplicate ratios cut exactly
+# (not rounded to integers first)
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
 STAGE_FORMAT = {"prompt_scores": 1, "prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
@@ -342,7 +343,8 @@ def prompt_scores_stage(cfg, it_dir: Path, texts: list[str], lm, ranks: Ranks) -
     out = it_dir / "prompt_scores"
     ppl_cfg = _plain(_get(cfg.data, "perplexity") or {})
     # what the scores depend on: the texts, the unit, the model and the number of shares (not the threshold)
-    fp = fingerprint("prompt_scores", texts, ppl_cfg.get("per") or "word", _model_id(str(cfg.model.name)), ranks.world)
+    fp = fingerprint("prompt_scores", texts, ppl_cfg.get("per") or "word", _model_id(str(cfg.model.name)), ranks.world,
+                     *_dtype_part(cfg, str(cfg.model.name)))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -356,6 +358,14 @@ def prompt_scores_stage(cfg, it_dir: Path, texts: list[str], lm, ranks: Ranks) -
 
     stage(ranks, out, fp, fn, "prompt_scores", all_ranks=True)
     return out
+
+
+def _dtype_part(cfg, name: str) -> list:
+    """A fingerprint part: ``model.dtype`` where it changes what the LM computes (a bfloat16 model decodes, scores
+    perplexity and fine-tunes otherwise than a float32 one); none for the default float32 (a run from before keeps
+    its fingerprints) and for tiny:* models, which load in float32 whatever it says."""
+    dtype = _get(cfg.model, "dtype")
+    return [] if str(dtype) in ("None", "float32", "torch.float32") or str(name).startswith("tiny:") else [{"dtype": str(dtype)}]
 
 
 def _heldout_overlap(cfg_data, held: set[str]) -> list:
@@ -379,7 +389,8 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     if k == 0:
         # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
         fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
-                         max_prompts, sampling, int(cfg.seed), *_heldout_overlap(cfg.data, held))
+                         max_prompts, sampling, int(cfg.seed), *_heldout_overlap(cfg.data, held),
+                         *_dtype_part(cfg, str(cfg.model.name)))
         if stage_done(out, fingerprint(fp, STAGE_FORMAT["prompts"])) is None:  # a built pool needs no scores
             cand = prompt_candidates(cfg.data, exclude=held)  # on every rank: each scores its share of the same variants
             scored = prompt_scores_stage(cfg, it_dir, cand.to_score(), lm, ranks)
@@ -442,7 +453,7 @@ def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, 
     shard = int(_get(cfg.data, "generation.shard_size", 64))
     sample_rows = int(_get(cfg.data, "generation.sample_rows", 20))
     decoding = _plain(cfg.decoding)
-    fp = fingerprint("generation", prompts_path, decoding, shard, model_key)
+    fp = fingerprint("generation", prompts_path, decoding, shard, model_key, *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -815,7 +826,7 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
     decoding = _plain(cfg.decoding)
     mode = _get(cfg.task, "filter.truncate", "sentence")
     source = (_plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name))) if k == 0 else (prompts0,)
-    fp = fingerprint("heldout", hcfg, *source, decoding, model_key, mode, int(cfg.seed))
+    fp = fingerprint("heldout", hcfg, *source, decoding, model_key, mode, int(cfg.seed), *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -862,7 +873,7 @@ def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks:
     result_keys = {k_: v for k_, v in ft.items() if k_ not in ("keep_checkpoints", "ckpt_every_n_steps")}
     fp = fingerprint("finetune", kept_path, result_keys,
                      {k_: v for k_, v in tc.items() if k_ not in ("log_every_n_steps", "enable_progress_bar")},
-                     model_key, int(cfg.seed))
+                     model_key, int(cfg.seed), *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         rows = read_jsonl(kept_path, required=("generation",))
@@ -922,6 +933,10 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
     acc = next((r for r in heldout_accuracy(cfg.run_dir) if r["iteration"] == k), {})  # person-judged, blind
     held = dict(held)
     held_rows = read_jsonl(it_dir / "heldout" / "statements.jsonl") if held else []
+    if held_rows:  # Self-BLEU with this report's task.report settings, as the kept and all-generation figures (the
+        # heldout stage's own summary keeps the settings it ran with: changing them does not redo its generation)
+        held["self_bleu"] = diversity(held_rows, sample, int(cfg.seed), float(rcfg.get("mnr_fraction", 0.3)),
+                                      float(rcfg.get("mnr_bleu", 0.85)))["self_bleu"]
     if held_rows:  # the critic's opinion of the held-out generations: a proxy, next to what a person judged
         from critics.scoring import score_texts
 
