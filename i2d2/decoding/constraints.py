@@ -12,7 +12,9 @@ Matching semantics (shared by the decoder and documented for users):
 
 from __future__ import annotations
 
+import numbers
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
@@ -88,14 +90,61 @@ class DynamicClause:
     name: str | None = None
 
 
-def _lit(d) -> Literal:
+_LITERAL_KEYS = {"text", "positive"}
+_CLAUSE_KEYS = {"literals", "positions", "name"}
+_COUNT_KEYS = {"words", "max_count", "name"}
+_DYNAMIC_KEYS = {"words", "top_k", "positions", "name"}
+
+
+def _list_of(v, where: str, what: str) -> list:
+    """``v`` as a list; a string (iterated it would be its characters: "dog" -> d OR o OR g) or a mapping is refused."""
+    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Sequence):
+        raise ConstraintError(f"{where}: must be a list of {what}, got {v!r}")
+    return list(v)
+
+
+def _flag(v, where: str) -> bool:
+    """A literal's ``positive``: a bool (or 0 / 1); a string such as "false" would be truthy."""
+    if isinstance(v, (bool, numbers.Integral)) and v in (0, 1):
+        return bool(v)
+    raise ConstraintError(f"{where}: must be true or false, got {v!r}")
+
+
+def _integer(v, where: str) -> int:
+    """An integer field (``max_count``, ``top_k``): 2 or 2.0, never 1.9, None or a string."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v or abs(v) == float("inf") or int(v) != v:
+        raise ConstraintError(f"{where}: must be an integer, got {v!r}")
+    return int(v)
+
+
+def _fields(d, keys: set, where: str, required: tuple) -> dict:
+    if not isinstance(d, Mapping):
+        raise ConstraintError(f"{where}: must be a mapping, got {d!r}")
+    unknown = set(d) - keys
+    if unknown:
+        raise ConstraintError(f"{where}: unknown keys {sorted(map(str, unknown))} (allowed: {sorted(keys)})")
+    for k in required:
+        if k not in d:
+            raise ConstraintError(f"{where}: missing {k!r}")
+    return d
+
+
+def _positions(v):
+    """A positions list as a list (a YAML / OmegaConf sequence included); anything else is left for validate()."""
+    return list(v) if isinstance(v, Sequence) and not isinstance(v, (str, bytes)) else v
+
+
+def _lit(d, where: str = "literal") -> Literal:
     if isinstance(d, Literal):
         return d
     if isinstance(d, str):
         return Literal(d)
-    if isinstance(d, (list, tuple)):
-        return Literal(d[0], bool(d[1]) if len(d) > 1 else True)
-    return Literal(d["text"], bool(d.get("positive", True)))
+    if isinstance(d, Sequence) and not isinstance(d, bytes):
+        if not 1 <= len(d) <= 2:
+            raise ConstraintError(f"{where}: a literal list is [text] or [text, positive], got {d!r}")
+        return Literal(d[0], _flag(d[1], f"{where}[1]") if len(d) > 1 else True)
+    d = _fields(d, _LITERAL_KEYS, where, ("text",))
+    return Literal(d["text"], _flag(d.get("positive", True), f"{where}.positive"))
 
 
 @dataclass
@@ -118,14 +167,32 @@ class ConstraintSet:
             return cls()
         if isinstance(d, ConstraintSet):
             return d
-        unknown = set(d) - {"clauses", "counts", "dynamic"}
-        if unknown:
-            raise ConstraintError(f"ConstraintSet.from_dict: unknown keys {sorted(unknown)}")
-        clauses = [Clause([_lit(l) for l in c["literals"]], c.get("positions"), c.get("name"))
-                   for c in d.get("clauses") or []]
-        counts = [CountConstraint(list(c["words"]), int(c["max_count"]), c.get("name")) for c in d.get("counts") or []]
-        dynamic = [DynamicClause(list(c["words"]), int(c.get("top_k", 5)), c.get("positions"), c.get("name"))
-                   for c in d.get("dynamic") or []]
+        w = "ConstraintSet.from_dict"
+        d = _fields(d, {"clauses", "counts", "dynamic"}, w, ())
+
+        def items(key):
+            return _list_of(d.get(key) or [], f"{w}: {key}", "mappings")
+
+        clauses = []
+        for i, c in enumerate(items("clauses")):
+            at = f"{w}: clauses[{i}]"
+            c = _fields(c, _CLAUSE_KEYS, at, ("literals",))
+            lits = _list_of(c["literals"], f"{at}.literals", "literals")
+            clauses.append(Clause([_lit(l, f"{at}.literals[{j}]") for j, l in enumerate(lits)],
+                                  _positions(c.get("positions")), c.get("name")))
+        counts = []
+        for i, c in enumerate(items("counts")):
+            at = f"{w}: counts[{i}]"
+            c = _fields(c, _COUNT_KEYS, at, ("words", "max_count"))
+            counts.append(CountConstraint(_list_of(c["words"], f"{at}.words", "words"),
+                                          _integer(c["max_count"], f"{at}.max_count"), c.get("name")))
+        dynamic = []
+        for i, c in enumerate(items("dynamic")):
+            at = f"{w}: dynamic[{i}]"
+            c = _fields(c, _DYNAMIC_KEYS, at, ("words",))
+            dynamic.append(DynamicClause(_list_of(c["words"], f"{at}.words", "words"),
+                                         _integer(c.get("top_k", 5), f"{at}.top_k"),
+                                         _positions(c.get("positions")), c.get("name")))
         return cls(clauses, counts, dynamic)
 
     def labels(self) -> list[str]:
@@ -144,6 +211,10 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
     sets: NeuroComparatives' ~300 comparatives and its forbidden words repeat in every prompt's set.
     """
     pre = f"{where}: " if where else ""
+    for i, c in enumerate(cs.clauses):  # before labels(), which reads every literal
+        if isinstance(c.literals, str) or not all(isinstance(l, Literal) for l in c.literals):
+            raise ConstraintError(f"{pre}{c.name or f'clause {i}'}: literals must be a list of Literal, "
+                                  f"got {c.literals!r}")
     labels = cs.labels()
 
     def check_text(text, label, kind="literal"):
@@ -155,6 +226,8 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
             raise ConstraintError(f"{pre}{label}: {kind} {text!r} tokenizes to nothing")
 
     def check_words(words, label):
+        if isinstance(words, str):  # its characters would be the words
+            raise ConstraintError(f"{pre}{label}: words must be a list of words, got {words!r}")
         key = tuple(words) if all(isinstance(w, str) for w in words) else None  # else check_text names the bad one
         if checked is not None and key in checked:
             return
@@ -210,5 +283,7 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
 def _check_positions(pos, label):
     if pos is None:
         return
-    if not isinstance(pos, (list, tuple)) or not pos or any(int(p) < 1 or int(p) > 62 for p in pos):
+    if (not isinstance(pos, (list, tuple)) or not pos
+            or any(isinstance(p, bool) or not isinstance(p, numbers.Real) or not 1 <= p <= 62 or p != int(p)
+                   for p in pos)):
         raise ConstraintError(f"{label}: positions must be a non-empty list of ints in 1..62, got {pos!r}")

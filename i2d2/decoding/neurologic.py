@@ -724,6 +724,8 @@ class NeuroLogicDecoder:
                 gidx = row_off + fin_pick  # [B, Kf] into N*C
                 rows = [_take(x.reshape(N * C, -1), gidx) for x in (  # [B, Kf, Cl]
                     (new.sat, new.cmatch, new.ph_occ) if cp.ph_track_occ else (new.sat, new.cmatch))]
+                if cp.has_order:  # clauses met at a forbidden rank: their matched literal is unset once, in _pool
+                    rows.append(_take(new.cbad.reshape(N * C, -1), gidx))
                 fin.append((gidx, fin_mask, hist, cand, clp, all_sat, rows))
                 if cfg.early_stopping:
                     n_done = n_done + (_take(all_sat.reshape(-1), gidx) & fin_mask).sum(1)
@@ -767,7 +769,9 @@ class NeuroLogicDecoder:
         S = torch.where(mask, lpn / _take(len_pen, n_tok), NEG)
         allf = _take(torch.cat([f[5].reshape(-1) for f in fin]), flat)
         cols = [c.reshape(B, -1, *c.shape[1:]) for c in (seq, lpn, S, n_tok, allf)]
-        rows = [torch.cat([f[6][j] for f in fin], 1) for j in range(len(fin[0][6]))]  # sat, cmatch[, ph_occ]
+        rows = [torch.cat([f[6][j] for f in fin], 1) for j in range(len(fin[0][6]))]  # sat, cmatch[, ph_occ][, cbad]
+        if cp.has_order:  # a positive literal met at a rank its positions forbid did not satisfy the clause
+            rows[1] = torch.where(rows.pop(), -1, rows[1])
         return cols + rows + ([] if cp.ph_track_occ else [torch.zeros_like(tokc).reshape(B, -1, 1)])
 
     @staticmethod
