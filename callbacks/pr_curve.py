@@ -36,5 +36,6 @@ class PRCurveCallback(L.Callback):
         plot_pr_curves({self.name: (labels, scores)}, pr, title=f"{self.prefix} PR curve (epoch {epoch})")
         plot_score_histogram(scores, labels, hist, title=f"{self.prefix} scores (epoch {epoch})", xlabel="P(valid)")
         for key, path in (("pr_curve", pr), ("score_histogram", hist)):
-            log_png(trainer.logger, f"{self.prefix}/{key}", path)
+            for logger in getattr(trainer, "loggers", None) or [trainer.logger]:  # every logger: W&B need not be first
+                log_png(logger, f"{self.prefix}/{key}", path)
             self.last_paths[key] = path

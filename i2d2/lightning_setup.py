@@ -375,7 +375,10 @@ class ProgressLog(L.Callback):
         self._last = step
         total = trainer.estimated_stepping_batches
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        loss = f" loss={float(loss):.4g}" if loss is not None and getattr(loss, "numel", lambda: 1)() == 1 else ""
+        # automatic optimization hands callbacks the step's loss divided by accumulate_grad_batches (the share it
+        # backpropagates); the line reports the loss training_step returned
+        scale = max(1, int(trainer.accumulate_grad_batches or 1)) if getattr(pl_module, "automatic_optimization", True) else 1
+        loss = f" loss={float(loss) * scale:.4g}" if loss is not None and getattr(loss, "numel", lambda: 1)() == 1 else ""
         log.info("%s: epoch %d step %d/%s%s %s (%.0fs)", self.name, trainer.current_epoch, step,
                  total if total != float("inf") else "?", loss, self._metrics(trainer), time.time() - self._t0)
 

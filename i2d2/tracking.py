@@ -1,7 +1,8 @@
 """Experiment tracking for stages that are not Lightning fits (generation, filtering, reports).
 
 ``cfg.logger`` is one Lightning logger config (``_target_``), a list of them, or a dict of named ones
-(``logger=[wandb,csv]`` style); every stage and every fit logs to all of them. The resolved Hydra config goes to
+(``logger=wandb_csv``; not ``logger=[wandb,csv]``, which Hydra merges into one config and the entry point refuses);
+every stage and every fit logs to all of them. The resolved Hydra config goes to
 every logger as hyper-parameters, so a W&B run (or CSV hparams.yaml) holds the decoding and task keys.
 Tables and images go to W&B as tables/images; without W&B they become files. ``log_artifacts: true`` in a
 W&B logger config (opt-in) uploads kept sets and models as W&B artifacts.

@@ -33,10 +33,26 @@ def check_start(cfg: DictConfig) -> None:
     from i2d2.models import check_model_name
 
     config.check_keys(cfg)
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        check_logger_overrides(HydraConfig.get().overrides.task)
     for key, kind, not_models in MODEL_KEYS:
         name = OmegaConf.select(cfg, key)
         if isinstance(name, str) and name not in not_models:
             check_model_name(name, kind, key)
+
+
+def check_logger_overrides(overrides) -> None:
+    """``logger=[wandb,csv]`` on the command line is a list *selection* of the logger group, which Hydra merges
+    into one logger config (the last file's ``_target_`` with the other's keys): CSVLogger then fails mid-run on
+    W&B's ``project`` key, and ``logger=[csv,wandb]`` silently logs to W&B alone. Refused at start-up."""
+    for o in overrides:
+        key, _, value = str(o).partition("=")
+        if key.lstrip("+~") == "logger" and value.strip().startswith("["):
+            raise ValueError(f"{o}: Hydra merges a list of logger configs into a single logger (their keys mixed), "
+                             "so this would not log to each of them; use logger=wandb_csv (W&B and CSV), or a "
+                             "config file whose logger: node is a dict or list of logger configs")
 
 
 def check_recipe(cfg: DictConfig) -> None:
@@ -48,7 +64,15 @@ def check_recipe(cfg: DictConfig) -> None:
     from i2d2.lightning_setup import check_one_process
 
     module_name = str(cfg.task.recipe).rpartition(".")[0]
-    recipe_module = importlib.import_module(module_name)
+    try:
+        recipe_module = importlib.import_module(module_name) if module_name else None
+    except ModuleNotFoundError as e:
+        if not (module_name == e.name or module_name.startswith(f"{e.name}.")):
+            raise  # the recipe module exists but one of its imports is missing: that traceback is the useful one
+        recipe_module = None
+    if recipe_module is None or not callable(getattr(recipe_module, str(cfg.task.recipe).rpartition(".")[2], None)):
+        raise ValueError(f"task.recipe={cfg.task.recipe!r}: no such function (a recipe is module.function, e.g. "
+                         "i2d2.recipes.generics.run)")
     if getattr(recipe_module, "ONE_PROCESS", False):
         check_one_process(cfg.trainer, module_name.rpartition(".")[2])
     if callable(getattr(recipe_module, "check_config", None)):
