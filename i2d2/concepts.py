@@ -251,51 +251,48 @@ SOURCE_KEYS = ("path", "format", "kind", "relations", "max_concepts", "options",
 
 
 def check_sources(cfg_data) -> None:
-    """Every enabled ``data.sources`` entry as ``load_source`` will read it, checked before any work: known keys,
-    format, kind, an existing file, a cap that is null or >= 1, a relational-phrase list that ``data.relations``
-    names. A ValueError names ``data.sources.<name>.<key>``."""
-    relations = cfg_data.get("relations") or {}
+    """Every enabled ``data.sources`` entry (``check_source``), before any work."""
     for name, src in (cfg_data.get("sources") or {}).items():
-        where = f"data.sources.{name}"
-        if not src:  # null: the source is off
-            continue
-        if not isinstance(src, Mapping):
-            raise ValueError(f"{where}: must be a map of {list(SOURCE_KEYS)} or null (off), got {src!r}")
-        unknown = sorted(set(src) - set(SOURCE_KEYS))
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; known: {list(SOURCE_KEYS)}")
-        if not src.get("path"):
-            raise ValueError(f"{where}.path: required (the concept file)")
-        for key, allowed in (("format", FORMATS), ("kind", KINDS), ("on_error", (None, "skip", "raise"))):
-            if key in src and src[key] not in allowed:
-                raise ValueError(f"{where}.{key}: must be one of {[a for a in allowed if a]}, got {src[key]!r}")
-        cap = src.get("max_concepts")
-        if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
-            raise ValueError(f"{where}.max_concepts: must be null (all) or an integer >= 1, got {cap!r}")
-        if src.get("options") is not None and not isinstance(src["options"], Mapping):
-            raise ValueError(f"{where}.options: must be a map of the {src.get('format', 'lines')} loader's options")
-        rel = src.get("relations")
-        if rel is not None and str(rel) not in relations:
-            raise ValueError(f"{where}.relations: {rel!r} is not a relational-phrase list of data.relations "
-                             f"({', '.join(map(str, relations))})")
-        path = resolve_path(src["path"], cfg_data.get("dir"))
-        if not path.is_file():
-            raise ValueError(f"{where}.path: concept file not found: {path}")
+        if src:  # null: the source is off
+            check_source(src, cfg_data.get("dir"), cfg_data.get("relations") or {}, f"data.sources.{name}")
+
+
+def check_source(src, base_dir: str | None = None, relations=None, where: str = "source") -> None:
+    """One ``data.sources`` entry as ``load_source`` reads it: known keys, format, kind, on_error, a cap that is null
+    or >= 1, a relational-phrase list that ``relations`` (data.relations; None: not checked) names, an existing file.
+    A ValueError (FileNotFoundError for the file) names ``<where>.<key>``."""
+    if not isinstance(src, Mapping):
+        raise ValueError(f"{where}: must be a map of {list(SOURCE_KEYS)} or null (off), got {src!r}")
+    unknown = sorted(set(src) - set(SOURCE_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {list(SOURCE_KEYS)}")
+    if not src.get("path"):
+        raise ValueError(f"{where}.path: required (the concept file)")
+    for key, allowed in (("format", FORMATS), ("kind", KINDS), ("on_error", (None, "skip", "raise"))):
+        if key in src and src[key] not in allowed:
+            raise ValueError(f"{where}.{key}: must be one of {[a for a in allowed if a]}, got {src[key]!r}")
+    cap = src.get("max_concepts")
+    if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
+        raise ValueError(f"{where}.max_concepts: must be null (all) or an integer >= 1, got {cap!r}")
+    if src.get("options") is not None and not isinstance(src["options"], Mapping):
+        raise ValueError(f"{where}.options: must be a map of the {src.get('format', 'lines')} loader's options")
+    rel = src.get("relations")
+    if relations is not None and rel is not None and str(rel) not in relations:
+        raise ValueError(f"{where}.relations: {rel!r} is not a relational-phrase list of data.relations "
+                         f"({', '.join(map(str, relations))})")
+    path = resolve_path(src["path"], base_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"{where}.path: concept file not found: {path}")
 
 
 def load_source(src: dict, base_dir: str | None = None, on_error: str = "skip", errors: list | None = None,
                 max_words: int = 8) -> list[Concept]:
-    """Load one ``sources.<name>`` entry of the data config."""
+    """Load one ``sources.<name>`` entry of the data config (checked by ``check_source`` first)."""
+    check_source(src, base_dir)
     fmt = src.get("format", "lines")
-    if fmt not in FORMATS:
-        raise ValueError(f"source format must be one of {FORMATS}, got {fmt!r}")
     path = resolve_path(src["path"], base_dir)
-    if not path.exists():
-        raise FileNotFoundError(f"concept file not found: {path}")
     on_error = src.get("on_error") or on_error
     kind = src.get("kind", "noun")
-    if kind not in KINDS:
-        raise ValueError(f"source kind must be one of {KINDS}, got {kind!r}")
     opts = dict(src.get("options") or {})
     if fmt == "lines":
         out = load_lines(path, kind, on_error, errors, max_words)

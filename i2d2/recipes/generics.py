@@ -109,7 +109,7 @@ def check_config(cfg: DictConfig) -> None:
         from i2d2.concepts import check_sources
 
         check_sources(cfg.data)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
     for key in ("max_per_frame", "max_per_concept"):
         v = _get(t, f"filter.{key}")
