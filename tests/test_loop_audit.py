@@ -80,6 +80,7 @@ def _fps(monkeypatch, cfg, generator: str) -> dict:
     monkeypatch.setattr(generics, "stage", lambda ranks, out, fp, fn, name, **kw: got.setdefault(name, fp) and {})
     it_dir, lm, key = Path(cfg.run_dir) / "iter_1", _LM(generator), generics._model_id(generator)
     generics.generation_stage(cfg, it_dir, it_dir / "prompts" / "prompts.jsonl", key, lm, None, generics.Ranks())
+    generics.critic_stage(cfg, 1, it_dir, key, lm, None, generics.Ranks())
     generics.heldout_stage(cfg, 1, it_dir, key, lm, None, generics.Ranks())
     generics.finetune_stage(cfg, 1, it_dir, key, lm, None, generics.Ranks())
     return got
@@ -91,13 +92,22 @@ def test_model_dtype_is_in_the_fingerprints_of_the_stages_that_run_the_lm(tmp_pa
     (model / "config.json").write_text("{}")
     f32 = _fps(monkeypatch, make_cfg(tmp_path / "run"), str(model))
     bf16 = _fps(monkeypatch, make_cfg(tmp_path / "run", "model.dtype=bfloat16"), str(model))
-    assert set(f32) == {"generation", "heldout", "finetune"}
+    assert set(f32) == {"generation", "critic", "heldout", "finetune"}
     assert all(f32[s] != bf16[s] for s in f32)
     # the default adds nothing (old runs keep their fingerprints); tiny:* models ignore dtype
     from i2d2.recipes.generics import _dtype_part
 
     assert _dtype_part(make_cfg(tmp_path / "run"), str(model)) == []
     assert _dtype_part(make_cfg(tmp_path / "run", "model.dtype=bfloat16"), "tiny:gpt2") == []
+
+
+def test_a_critic_trained_on_another_lm_is_trained_again(tmp_path, monkeypatch):
+    """The critic stage reports P_k's perplexity as its baseline ranker: a run folder continued with another
+    model.name must not keep the first model's ap_perplexity."""
+    cfg = make_cfg(tmp_path / "run", "task.critic.refresh=always")
+    a, b = _fps(monkeypatch, cfg, "tiny:gpt2")["critic"], _fps(monkeypatch, cfg, "tiny:llama")["critic"]
+    assert a != b
+    assert _fps(monkeypatch, cfg, "tiny:gpt2")["critic"] == a
 
 
 # ----------------------------------------------------------------------------- i2d2.generate

@@ -498,7 +498,7 @@ def critic_trainer(cfg, ranks: Ranks) -> dict:
     return out
 
 
-def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
+def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
     from critics.train import fingerprint_view, train_critic
     from i2d2.annotation import critic_annotation_paths
 
@@ -517,7 +517,11 @@ def critic_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> dict:
             if policy == "never" or info.get("labels_fingerprint") == labels_fp:
                 source = (j, info)
             break
-    fp = fingerprint(labels_fp, policy, None if source is None else in_run(source[1]["model_dir"], cfg.run_dir))  # weights
+    # a critic trained here also reports P_k's perplexity as the baseline ranker (ap_perplexity): which LM that is,
+    # is an input too (a run folder continued with another model.name must not keep the old model's baseline)
+    trained_by = [{"perplexity_baseline": model_key}, *_dtype_part(cfg, lm.name)] if source is None else []
+    fp = fingerprint(labels_fp, policy, None if source is None else in_run(source[1]["model_dir"], cfg.run_dir),  # weights
+                     *trained_by)
 
     def fn(d: Path) -> dict:
         if source is not None:
@@ -1034,7 +1038,7 @@ def _iteration(cfg: DictConfig, k: int, ranks: Ranks, it_dir: Path, generator: s
 
     prompts_path, prompts = timed("prompts", lambda: prompts_stage(cfg, k, it_dir, lm, tracker, ranks))
     gen = timed("generation", lambda: generation_stage(cfg, it_dir, prompts_path, model_key, lm, tracker, ranks))
-    critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, lm, tracker, ranks))
+    critic = timed("critic", lambda: critic_stage(cfg, k, it_dir, model_key, lm, tracker, ranks))
     timed("critic_scores", lambda: scores_stage(cfg, it_dir, critic, ranks))
     filt = timed("filter", lambda: filter_stage(cfg, k, it_dir, critic, tracker, ranks))
     held = timed("heldout", lambda: heldout_stage(cfg, k, it_dir, model_key, lm, tracker, ranks))
