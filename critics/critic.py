@@ -64,8 +64,9 @@ class CriticModule(L.LightningModule):
         self.train_loss.reset(self.device)
 
     def on_train_epoch_end(self):
-        if self.train_loss.n:  # the whole epoch's mean, also after a mid-epoch resume (EpochMeanLoss)
-            self.log("train/loss_epoch", self.train_loss.value(), batch_size=1)
+        loss = self.train_loss.global_value(self.trainer.strategy)  # every rank's batches (EpochMeanLoss)
+        if not torch.isnan(loss):  # the whole epoch's mean, also after a mid-epoch resume
+            self.log("train/loss_epoch", loss, batch_size=1)
 
     def training_step(self, batch, batch_idx):
         out = self(**batch)
@@ -105,10 +106,10 @@ class CriticModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint):
         if "epoch_loss" in checkpoint:
-            self.train_loss.load_state_dict(checkpoint["epoch_loss"])
+            self.train_loss.load_state_dict(checkpoint["epoch_loss"], self.global_rank, self.trainer.world_size)
 
     def on_save_checkpoint(self, checkpoint):
-        checkpoint["epoch_loss"] = self.train_loss.state_dict()
+        checkpoint["epoch_loss"] = self.train_loss.checkpoint_state(self)
         if self.lora_enabled:  # a 7B body would otherwise be written whole every ckpt_every_n_steps
             trained = self._trained()
             checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trained}

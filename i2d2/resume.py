@@ -64,11 +64,31 @@ class EpochMeanLoss:
     def value(self) -> float:
         return float(self.sum) / self.n if self.n else float("nan")
 
+    def global_value(self, strategy) -> torch.Tensor:
+        """The mean over every rank's batches: each rank sees its own share of the epoch (Lightning's sync_dist
+        would average the ranks' means, weighting a short last batch as a full one). A collective: every rank
+        calls it, whatever its own count."""
+        both = torch.stack([self.sum.double(), torch.tensor(float(self.n), dtype=torch.float64, device=self.sum.device)])
+        both = strategy.reduce(both, reduce_op="sum")  # a new tensor: the running sum is left as it is
+        return both[0] / both[1]
+
     def state_dict(self) -> dict:
         return {"sum": self.sum.detach().cpu(), "n": self.n}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.sum, self.n = state["sum"], int(state["n"])
+    def checkpoint_state(self, module) -> dict:
+        """What a checkpoint carries. Rank 0 writes it and every rank resumes from it, so it holds each rank's sum
+        and count (``per_rank``, in float64: a float32 sum round-trips exactly) for a resumed rank to take its own.
+        A collective (Lightning's dump_checkpoint, which calls on_save_checkpoint, runs on every rank)."""
+        both = torch.stack([self.sum.detach().double().to(module.device),
+                            torch.tensor(float(self.n), dtype=torch.float64, device=module.device)])
+        return {**self.state_dict(), "per_rank": module.all_gather(both).reshape(-1, 2).cpu()}
+
+    def load_state_dict(self, state: dict, rank: int = 0, world_size: int = 1) -> None:
+        per = state.get("per_rank")
+        if per is not None and per.shape[0] == world_size:  # else (another world size) rank 0's, as before
+            self.sum, self.n = per[rank, 0].float(), int(per[rank, 1])
+        else:
+            self.sum, self.n = state["sum"], int(state["n"])
 
 
 def batches_per_rank(n: int, batch_size: int, world_size: int = 1) -> int:

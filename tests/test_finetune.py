@@ -227,3 +227,41 @@ def test_lora_start_does_not_depend_on_what_ran_before(tmp_path):
         finetune(copy.deepcopy(model), tok, ROWS, tmp_path / f"w{i}", tmp_path / f"m{i}", cfg, CPU, seed=3)
     wa, wb = _weights(tmp_path / "m0"), _weights(tmp_path / "m1")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _without_dropout(model):
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+def test_ddp_epoch_loss_is_the_mean_over_every_rank(tmp_path, monkeypatch):
+    """Each DDP rank sees its own half of the epoch: the reported loss is the mean over all of it, as one process
+    computes it. With lr 0, no dropout and batches of one, every example's loss is fixed, so the two must agree. Under
+    ddp_fork the main process got NaN (the ranks' running sums stay in the workers) and 0 epochs."""
+    model, tok = tiny_model("gpt2")
+    cfg = {**CFG, "lr": 0.0, "epochs": 1, "batch_size": 1, "weight_decay": 0.0}
+    one = finetune(_without_dropout(copy.deepcopy(model)), tok, ROWS, tmp_path / "a", tmp_path / "a_model", cfg, CPU)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # forked workers run single-threaded (OpenMP)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with restored_process_state():
+            two = finetune(_without_dropout(copy.deepcopy(model)), tok, ROWS, tmp_path / "b", tmp_path / "b_model", cfg,
+                           {**CPU, "strategy": "ddp_fork", "devices": 2})
+    finally:
+        torch.set_num_threads(n)
+    assert (one["epochs"], one["steps"]) == (1, 10) and (two["epochs"], two["steps"]) == (1, 5)
+    assert two["train_loss"] == pytest.approx(one["train_loss"], rel=1e-5)
+
+
+def test_epoch_loss_state_gives_each_rank_its_own_share():
+    from i2d2.resume import EpochMeanLoss
+
+    state = {"sum": torch.tensor(3.0), "n": 2, "per_rank": torch.tensor([[3.0, 2.0], [5.5, 3.0]], dtype=torch.float64)}
+    loss = EpochMeanLoss()
+    loss.load_state_dict(state, rank=1, world_size=2)
+    assert (loss.sum.dtype, float(loss.sum), loss.n) == (torch.float32, 5.5, 3)
+    loss.load_state_dict(state, rank=0, world_size=3)  # another world size: rank 0's, as a checkpoint without shares
+    assert (float(loss.sum), loss.n) == (3.0, 2)

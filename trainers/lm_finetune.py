@@ -150,11 +150,11 @@ class SelfImitationModule(L.LightningModule):
         return self.train_loss.value()
 
     def on_save_checkpoint(self, checkpoint):
-        checkpoint["epoch_loss"] = self.train_loss.state_dict()
+        checkpoint["epoch_loss"] = self.train_loss.checkpoint_state(self)
 
     def on_load_checkpoint(self, checkpoint):
         if "epoch_loss" in checkpoint:
-            self.train_loss.load_state_dict(checkpoint["epoch_loss"])
+            self.train_loss.load_state_dict(checkpoint["epoch_loss"], self.global_rank, self.trainer.world_size)
 
     def forward(self, **batch):
         return self.model(**batch)
@@ -171,8 +171,12 @@ class SelfImitationModule(L.LightningModule):
         self.train_loss.reset(self.device)
 
     def on_train_epoch_end(self):
-        if self.train_loss.n:  # the whole epoch's mean, also after a mid-epoch resume (EpochMeanLoss)
-            self.log("finetune/loss_epoch", self.train_loss.value(), batch_size=1, sync_dist=False)
+        # the whole epoch's mean over every rank, also after a mid-epoch resume (EpochMeanLoss); the epochs done as
+        # a metric: a ddp_fork fit hands metrics, not the trainer's epoch count, back to the main process
+        loss = self.train_loss.global_value(self.trainer.strategy)
+        if not torch.isnan(loss):
+            self.log("finetune/loss_epoch", loss, batch_size=1, sync_dist=False)
+        self.log("finetune/epoch", float(self.current_epoch + 1), batch_size=1, reduce_fx="max")
 
     def training_step(self, batch, batch_idx):
         out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
@@ -261,10 +265,13 @@ def finetune(model, tokenizer, rows: Sequence[Mapping], work_dir: str | Path, mo
     if resume:
         log.info("fine-tuning: resuming from %s", resume)
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
-    steps = max(int(trainer.global_step), int(float(trainer.callback_metrics.get("finetune/step", 0))))
-    summary = {"n_train": len(dm.examples), "steps": steps, "epochs": int(trainer.current_epoch),
-               "resumed_from": resume, "lora": module.lora_enabled,
-               "train_loss": module.epoch_loss()}
+    metrics = trainer.callback_metrics  # under ddp_fork what the main process gets back of the ranks' fit
+    steps = max(int(trainer.global_step), int(float(metrics.get("finetune/step", 0))))
+    # a fit resumed after its last step runs no epoch end: its loss is the checkpoint's (one process then)
+    loss = float(metrics["finetune/loss_epoch"]) if "finetune/loss_epoch" in metrics else module.epoch_loss()
+    summary = {"n_train": len(dm.examples), "steps": steps,
+               "epochs": max(int(trainer.current_epoch), int(float(metrics.get("finetune/epoch", 0)))),
+               "resumed_from": resume, "lora": module.lora_enabled, "train_loss": loss}
     with full_weights(trainer, module):  # ZeRO-3: every rank takes part in gathering the shards
         if trainer.is_global_zero:
             save_model(module.export_model(), tokenizer, model_out, meta={**(meta or {}), **summary})
