@@ -41,6 +41,14 @@ def _read_rows(path: str):
             for row in (dict(zip(batch, vals)) for vals in zip(*batch.values())))
 
 
+def _positive_int(s: str) -> int:
+    # --k 0 crashed in numpy with a traceback and --n -1 silently exported all but one statement per iteration
+    n = int(s)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {s}")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m i2d2.annotate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,9 +57,9 @@ def main(argv=None) -> int:
     ex.add_argument("--input", action="append", help="JSONL rows or a stage table folder (Arrow; repeatable)")
     ex.add_argument("--blind", action="store_true", help="blind sample of every iteration's held-out generations")
     ex.add_argument("--run-dir", help="with --blind: the run directory")
-    ex.add_argument("--n", type=int, default=40, help="with --blind: statements per iteration")
+    ex.add_argument("--n", type=_positive_int, default=40, help="with --blind: statements per iteration")
     ex.add_argument("--out", required=True)
-    ex.add_argument("--k", type=int, default=4, help="statements per concept")
+    ex.add_argument("--k", type=_positive_int, default=4, help="statements per concept")
     ex.add_argument("--text-key", default="statement")
     ex.add_argument("--concept-key", default="concept")
     ex.add_argument("--score-key", default="critic_score")
@@ -79,7 +87,8 @@ def main(argv=None) -> int:
                 ap.error("export needs --input (or --blind --run-dir)")
             rows = [r for p in args.input for r in _read_rows(p)]
             # a store that does not exist yet (before the first import) holds nothing to leave out
-            exclude = [r["statement"] for r in read_jsonl(args.store)] if args.store and Path(args.store).exists() else []
+            exclude = ([r["statement"] for r in read_jsonl(args.store, required=("statement",))]
+                       if args.store and Path(args.store).exists() else [])
             out = export_for_annotation(rows, args.out, args.k, args.text_key, args.concept_key, args.score_key,
                                         seed=args.seed, exclude=exclude)
             print(f"wrote {len(out)} statements to {args.out}")

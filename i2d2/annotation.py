@@ -52,6 +52,7 @@ label is used. Leave a row's `label` and `votes` empty to skip it. Do not edit `
 
 HELDOUT_STORE = "annotations/heldout_labels.jsonl"
 BLIND_COLUMNS = ["item_id", "statement", "label", "votes"]
+KEY_FIELDS = ("item_id", "statement", "iterations")  # a blind_key.jsonl row (concept may be empty)
 
 
 def labels_store(run_dir: str | Path) -> Path:
@@ -174,7 +175,7 @@ def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Map
                     errors: list | None) -> list[dict]:
     """The labelled rows of ``(line, row)`` pairs read from ``path``, validated (errors name ``path:line``)."""
     known = label_mapping(label_map)
-    out, unlabelled = [], 0
+    out, unlabelled, first = [], 0, {}
     for lineno, row in rows:
         try:
             statement = str(row.get("statement") or "").strip()
@@ -190,6 +191,16 @@ def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Map
             if bad:
                 raise ValueError(f"unknown label(s) {bad}; known: {sorted(known)}")
             score = None if row.get("critic_score") in (None, "") else float(row["critic_score"])
+            # one statement labelled twice in one file (two annotators' files pasted together): the store keeps
+            # one row, so a differing label would be dropped unseen; several annotators belong in `votes`
+            key, labels = normalize_statement(statement), (label, sorted(normalize_label(v) for v in votes))
+            if key in first:
+                if first[key][1] != labels:
+                    said = [lab or "|".join(vs) for lab, vs in (first[key][1], labels)]
+                    raise ValueError(f"statement labelled again, differently: line {first[key][0]} says {said[0]!r}, "
+                                     f"this line {said[1]!r} (several annotators: put their labels in 'votes')")
+                continue  # the same labels again: one statement
+            first[key] = (lineno, labels)
         except ValueError as e:
             msg = f"{path}:{lineno}: {e}"
             if on_error == "raise":
@@ -209,7 +220,7 @@ def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Map
 def merge_labels(store_path: str | Path, new_rows: Sequence[dict]) -> dict:
     """Merge labelled rows into the JSONL store, de-duplicated by statement (newer label wins); atomic."""
     store_path = Path(store_path)
-    old = read_jsonl(store_path) if store_path.exists() else []
+    old = read_jsonl(store_path, required=("statement",)) if store_path.exists() else []  # file:line, not a KeyError
     merged: dict[str, dict] = {normalize_statement(r["statement"]): r for r in old}
     n_updated = 0
     for r in new_rows:
@@ -255,7 +266,8 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     if not rows:
         raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")
     store = heldout_store(run_dir)
-    done = {normalize_statement(r["statement"]) for r in read_jsonl(store)} if store.exists() else set()
+    done = ({normalize_statement(r["statement"]) for r in read_jsonl(store, required=("statement",))}
+            if store.exists() else set())
     rng = np.random.default_rng(seed)
     by_iter: dict[int, list[dict]] = {}
     for r in rows:
@@ -274,11 +286,14 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
         item["item_id"] = hashlib.sha1(f"{salt}:{key}".encode()).hexdigest()[:12]
     order = rng.permutation(len(items)).tolist()
     shuffled = [list(items.values())[i] for i in order]
-    write_csv(out_path, [{"item_id": it["item_id"], "statement": it["statement"], "label": "", "votes": ""}
-                         for it in shuffled], BLIND_COLUMNS)
+    blind = [{"item_id": it["item_id"], "statement": it["statement"], "label": "", "votes": ""} for it in shuffled]
+    if out_path.suffix.lower() == ".csv":
+        write_csv(out_path, blind, BLIND_COLUMNS)
+    else:  # JSONL by suffix, as export_for_annotation: CSV text in a .jsonl file failed import_blind as broken rows
+        write_jsonl(out_path, blind)
     write_text(out_path.with_name(out_path.stem + ".instructions.md"), INSTRUCTIONS)
     key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
-    old = {r["item_id"]: r for r in read_jsonl(key_path)} if key_path.exists() else {}
+    old = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)} if key_path.exists() else {}
     old.update({it["item_id"]: it for it in shuffled})
     write_jsonl(key_path, old.values())
     log.info("blind export: %d statements from %d iterations -> %s (key: %s)", len(shuffled), len(by_iter),
@@ -292,7 +307,7 @@ def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise",
     key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
     if not key_path.exists():
         raise FileNotFoundError(f"{key_path} not found: export with `annotate export --blind --run-dir {run_dir}` first")
-    key = {r["item_id"]: r for r in read_jsonl(key_path)}
+    key = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)}
     path = Path(path)
     raw = [(r.pop("_line"), r) for r in read_csv(path, required=("item_id", "label"))] \
         if path.suffix.lower() == ".csv" else _read_labelled(path)
@@ -322,7 +337,7 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> l
     mapping = label_mapping(label_map)
     labels = {}
     if store.exists():
-        for r in read_jsonl(store):
+        for r in read_jsonl(store, required=("statement",)):
             # a row's label, else its annotators' majority (no majority: not counted)
             y = mapping.get(normalize_label(r.get("label") or "") or aggregate_votes(r.get("votes") or []) or "")
             if y is not None:

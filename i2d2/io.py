@@ -239,11 +239,23 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: 
 
 def read_csv(path: str | os.PathLike, required: Iterable[str] = ()) -> list[dict]:
     path = Path(path)
-    reader = csv.DictReader(text_lines(path))
-    missing = [k for k in required if k not in (reader.fieldnames or [])]
+    reader = csv.reader(text_lines(path))
+    header = next((rec for rec in reader if rec), [])  # as csv.DictReader: the first non-blank row
+    missing = [k for k in required if k not in header]
     if missing:
-        raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}")
-    return [dict(r, _line=i) for i, r in enumerate(reader, 2)]
+        raise DataError(f"{path}:{reader.line_num or 1}: header lacks column(s) {', '.join(missing)}")
+    # rows as csv.DictReader makes them, with the line each starts on: counting rows named the wrong line after a
+    # blank line (skipped) or a quoted field holding a newline
+    rows, start = [], reader.line_num + 1
+    for rec in reader:
+        if rec:
+            row = dict(zip(header, rec))
+            if len(rec) > len(header):
+                row[None] = rec[len(header):]
+            row.update(dict.fromkeys(header[len(rec):]))
+            rows.append(dict(row, _line=start))
+        start = reader.line_num + 1
+    return rows
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict], columns: list[str] | None = None) -> Path:

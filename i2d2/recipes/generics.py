@@ -46,8 +46,8 @@ from omegaconf import DictConfig, OmegaConf
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
-from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_jsonl, read_table, \
-    run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
+from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_json, read_jsonl, \
+    read_table, run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -912,8 +912,11 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
     human = None
     if store.exists():
         labels = human_labels(load_annotations([store], _get(cfg.critic, "label_map"), on_error="skip"))
-        human = human_eval(everything, labels, float(filt["delta"]))
-    if human is not None:
+        # the critic trained on the store too: its PR on these labels is measured on its test concepts only
+        split = in_run(critic["model_dir"], cfg.run_dir).parent / "split.json" if critic.get("model_dir") else None
+        test_concepts = set(read_json(split).get("test_concepts", [])) if split and split.exists() else set()
+        human = human_eval(everything, labels, float(filt["delta"]), test_concepts)
+    if human is not None and human["y"]:
         pr = {"source": "human labels", "y": human["y"], "scores": human["scores"]}
     else:
         test = it_dir / "critic" / "test_scores.jsonl"
@@ -966,7 +969,7 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         "n_dropped_constraints": filt.get("n_dropped_constraints"), "n_dropped_duplicates": filt.get("n_dropped_duplicates"),
         "human_accuracy": None if human is None else human["human_accuracy"],
         "human_n_labelled": None if human is None else human["n_labelled"],
-        "human_precision_at_delta": None if human is None else human["human_precision_at_delta"],
+        "human_precision_at_delta": None if human is None else human["human_precision_at_delta"],  # test concepts
         "self_bleu_kept": div_kept["self_bleu"], "self_bleu_all": div_all["self_bleu"],
         "unique_estimate": div_kept["unique_estimate"], "unique_per_concept": div_kept["unique_per_concept"],
         "unique_estimate_all": div_all["unique_estimate"], "distinct_fraction_all": div_all["distinct_fraction"],

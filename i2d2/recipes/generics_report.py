@@ -20,7 +20,7 @@ import math
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -118,18 +118,24 @@ def human_labels(store_rows: Sequence[Mapping]) -> dict[str, int]:
     return {_norm(r["statement"]): int(r["y"]) for r in store_rows if r.get("y") is not None}
 
 
-def human_eval(rows: Sequence[Mapping], labels: Mapping[str, int], delta: float) -> dict | None:
-    """Accuracy of the generator (before the critic) and the critic's PR on the labelled generations."""
-    hits = [(labels[_norm(r["statement"])], float(r["critic_score"])) for r in rows
-            if _norm(r["statement"]) in labels and r.get("critic_score") is not None]  # unfinished: never scored
+def human_eval(rows: Sequence[Mapping], labels: Mapping[str, int], delta: float,
+               test_concepts: Collection[str] | None = None) -> dict | None:
+    """Accuracy of the generator (before the critic) on the labelled generations, and the critic's PR on those of
+    its ``test_concepts`` (None: all): the loop's critic trains on the labels store too, so a labelled generation of
+    another concept may be one it was fitted on (train) or chose δ with (dev)."""
+    hits = [(labels[_norm(r["statement"])], float(r["critic_score"]),
+             test_concepts is None or str(r.get("concept", "")).strip() in test_concepts)
+            for r in rows if _norm(r["statement"]) in labels
+            and r.get("critic_score") is not None]  # unfinished: never scored
     if not hits:
         return None
     y = np.array([h[0] for h in hits])
-    s = np.array([h[1] for h in hits])
-    keep = s > delta
-    return {"n_labelled": len(hits), "human_accuracy": float(y.mean()),
-            "human_precision_at_delta": float(y[keep].mean()) if keep.any() else None,
-            "y": y.tolist(), "scores": s.tolist()}
+    test = np.array([h[2] for h in hits], dtype=bool)
+    y_test, s_test = y[test], np.array([h[1] for h in hits])[test]
+    keep = s_test > delta
+    return {"n_labelled": len(hits), "human_accuracy": float(y.mean()), "n_labelled_test_concepts": int(test.sum()),
+            "human_precision_at_delta": float(y_test[keep].mean()) if keep.any() else None,
+            "y": y_test.tolist(), "scores": s_test.tolist()}
 
 
 # ----------------------------------------------------------------------------- PR curves of all iterations
@@ -250,8 +256,9 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
                   "(held-out concepts, no scores or iterations shown); `annotate accuracy` recomputes it after labelling."]
     if pr_png:
         lines += ["", "## Precision-recall, all iterations", "", f"![PR curves]({pr_png})",
-                  "", "Curves use human labels of that iteration's generations where the run's labels store has them,"
-                  " otherwise the critic's test split (labelled generations of concepts it never trained on)."]
+                  "", "Curves use human labels of that iteration's generations of the critic's test concepts where "
+                  "the run's labels store has them, otherwise the critic's test split (labelled generations of "
+                  "concepts it never trained on)."]
     for title, rows_ in samples.items():
         lines += ["", f"## {title}", "", "| critic score | constraints | statement |", "|---|---|---|"]
         lines += [f"| {r['critic_score']:.3f} | {'✓' if r.get('all_satisfied') else '✗'} | {_esc(r['statement'])} |"

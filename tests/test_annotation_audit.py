@@ -1,0 +1,135 @@
+"""Regression tests from an audit of the annotation round-trip and the numbers the I2D2 report gives."""
+
+import json
+
+import pytest
+
+from i2d2.annotation import export_blind, heldout_store, import_annotations, import_blind, labels_store
+from i2d2.io import DataError, read_jsonl, write_jsonl
+
+
+def _fake_run(root):
+    for k, texts in enumerate([["Dogs bark.", "Dogs fly.", "Cats purr."], ["Dogs bark.", "Owls hoot.", "Cats are."]]):
+        d = root / f"iter_{k}" / "heldout"
+        d.mkdir(parents=True)
+        write_jsonl(d / "statements.jsonl", [{"statement": t, "concept": t.split()[0].lower()} for t in texts])
+    return root
+
+
+def _ids(run, tmp_path):
+    return {it["statement"]: it["item_id"] for it in export_blind(run, tmp_path / "b.csv", n_per_iteration=3)}
+
+
+def test_csv_errors_name_the_line_the_row_is_on(tmp_path):
+    """A blank line (skipped by the csv reader) or a quoted statement holding a newline shifted every later row's
+    line number: the labeller was sent to the wrong row."""
+    run = _fake_run(tmp_path / "run")
+    ids = _ids(run, tmp_path)
+    head = "item_id,statement,label,votes\n"
+    (tmp_path / "blank.csv").write_text(f"{head}{ids['Dogs bark.']},Dogs bark.,true,\n\n{ids['Dogs fly.']},Dogs fly.,maybe,\n")
+    with pytest.raises(DataError, match=r"blank\.csv:4: unknown label"):
+        import_blind(tmp_path / "blank.csv", run)
+    (tmp_path / "nl.csv").write_text(f'{head}{ids["Dogs bark."]},"Dogs\nbark.",true,\n{ids["Dogs fly."]},Dogs fly.,maybe,\n')
+    with pytest.raises(DataError, match=r"nl\.csv:4: unknown label"):
+        import_blind(tmp_path / "nl.csv", run)
+    # the non-blind import reads its CSV the same way
+    (tmp_path / "done.csv").write_text('concept,statement,label\n\ndog,"Dogs\nbark.",true\ndog,Dogs fly.,maybe\n')
+    with pytest.raises(DataError, match=r"done\.csv:5: unknown label"):
+        import_annotations(tmp_path / "done.csv")
+
+
+def test_a_statement_labelled_twice_differently_in_one_file_is_refused(tmp_path):
+    """The store keeps one row per statement: the first label was dropped unseen while the count said 2."""
+    run = _fake_run(tmp_path / "run")
+    ids = _ids(run, tmp_path)
+    fly = ids["Dogs fly."]
+    (tmp_path / "dup.csv").write_text(f"item_id,statement,label,votes\n{fly},Dogs fly.,true,\n{fly},Dogs fly.,false,\n")
+    with pytest.raises(DataError, match=r"dup\.csv:3: statement labelled again, differently: line 2 says 'true'"):
+        import_blind(tmp_path / "dup.csv", run)
+    assert not heldout_store(run).exists()
+    errors = []
+    assert len(import_blind(tmp_path / "dup.csv", run, on_error="skip", errors=errors)) == 1 and len(errors) == 1
+    # the same label twice is one statement, counted once
+    (tmp_path / "same.csv").write_text(f"item_id,statement,label,votes\n{fly},Dogs fly.,false,\n{fly},x,False,\n")
+    assert len(import_blind(tmp_path / "same.csv", run)) == 1
+    store = labels_store(tmp_path / "run2")
+    (tmp_path / "two.csv").write_text("concept,statement,label\ndog,Dogs bark.,true\ndog,dogs bark,garbled\n")
+    with pytest.raises(DataError, match=r"two\.csv:3: statement labelled again"):
+        import_annotations(tmp_path / "two.csv", store)
+    assert not store.exists()
+
+
+def test_cli_refuses_non_positive_counts_and_names_a_broken_store(tmp_path, capsys):
+    from i2d2.annotate import main
+
+    run = _fake_run(tmp_path / "run")
+    write_jsonl(tmp_path / "gen.jsonl", [{"statement": f"S {i}.", "concept": "c", "critic_score": i / 10} for i in range(5)])
+    # --k 0 was a numpy traceback; --n -1 silently exported all but one statement of every iteration
+    for argv in (["export", "--input", str(tmp_path / "gen.jsonl"), "--out", str(tmp_path / "o.csv"), "--k", "0"],
+                 ["export", "--blind", "--run-dir", str(run), "--out", str(tmp_path / "b.csv"), "--n", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and "must be a positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "o.csv").exists() and not (tmp_path / "b.csv").exists()
+    # a store row without a statement was a KeyError traceback: now file:line
+    (tmp_path / "store.jsonl").write_text('{"statement": "S 1.", "label": "true"}\n{"label": "true"}\n')
+    assert main(["export", "--input", str(tmp_path / "gen.jsonl"), "--out", str(tmp_path / "o.csv"),
+                 "--store", str(tmp_path / "store.jsonl")]) == 2
+    assert "store.jsonl:2: missing field(s) statement" in capsys.readouterr().err
+    (tmp_path / "done.csv").write_text("concept,statement,label\nc,S 2.,true\n")
+    assert main(["import", "--input", str(tmp_path / "done.csv"), "--store", str(tmp_path / "store.jsonl")]) == 2
+    assert "store.jsonl:2: missing field(s) statement" in capsys.readouterr().err
+    key = run / "annotations" / "blind_key.jsonl"
+    main(["export", "--blind", "--run-dir", str(run), "--out", str(tmp_path / "b.csv")])
+    key.write_text(key.read_text() + '{"statement": "Dogs bark."}\n')
+    assert main(["import", "--blind", "--run-dir", str(run), "--input", str(tmp_path / "b.csv")]) == 2
+    assert "blind_key.jsonl:6: missing field(s) item_id, iterations" in capsys.readouterr().err
+
+
+def test_report_pr_of_human_labels_uses_only_the_critics_test_concepts(tmp_path):
+    """The loop's critic trains on the labels store: the report's human-label PR curve (Figure 7) and precision at
+    δ were measured on statements the critic had been fitted on (or chose δ with)."""
+    import pyarrow as pa
+    from omegaconf import OmegaConf
+
+    from i2d2.io import save_table
+    from i2d2.recipes.generics import report_stage
+
+    run, it = tmp_path / "run", tmp_path / "run" / "iter_0"
+    rows = [{"statement": s, "concept": c, "critic_score": p, "all_satisfied": True, "generation": s, "prompt": ""}
+            for s, c, p in [("Dogs bark.", "dog", 0.9), ("Dogs meow.", "dog", 0.1),  # a train concept: fitted on
+                            ("Cats purr.", "cat", 0.3), ("Cats bark.", "cat", 0.8)]]  # a test concept
+    write_jsonl(it / "filtered" / "kept.jsonl", [r for r in rows if r["critic_score"] > 0.5])
+    save_table(it / "filtered" / "dropped",
+               pa.Table.from_pylist([dict(r, drop_reason="critic") for r in rows if r["critic_score"] <= 0.5]))
+    (it / "critic" / "model").mkdir(parents=True)
+    (it / "critic" / "split.json").write_text(json.dumps({"train_concepts": ["dog"], "dev_concepts": [],
+                                                          "test_concepts": ["cat"]}))
+    write_jsonl(it / "critic" / "test_scores.jsonl", [{"statement": "x", "y": 1, "critic_score": 0.5}])
+    write_jsonl(labels_store(run), [{"statement": r["statement"], "concept": r["concept"],
+                                     "label": "true" if r["statement"] in ("Dogs bark.", "Cats purr.") else "false"}
+                                    for r in rows])
+    cfg = OmegaConf.create({"run_dir": str(run), "seed": 0, "task": {"report": {"samples": 2}}, "critic": {}})
+    out = report_stage(cfg, 0, it, {"n_generations": 4}, {"model_dir": str(it / "critic" / "model")},
+                       {"delta": 0.5, "accepted_rate": 0.5, "keep_rate": 0.5, "n_kept": 2}, {}, {}, {}, "tiny", None)
+    pr = json.loads((it / "report" / "pr_data.json").read_text())
+    assert pr["source"] == "human labels" and pr["y"] == [0, 1] and pr["scores"] == [0.8, 0.3]  # cats only
+    assert out["human_accuracy"] == 0.5 and out["human_n_labelled"] == 4  # the generator's accuracy: every label
+    assert out["human_precision_at_delta"] == 0.0  # "Cats bark." (false) is the test concept's one kept row
+    # no labelled generation of a test concept: the curve is the critic's test split, not its training labels
+    (it / "critic" / "split.json").write_text(json.dumps({"test_concepts": ["owl"]}))
+    out = report_stage(cfg, 0, it, {"n_generations": 4}, {"model_dir": str(it / "critic" / "model")},
+                       {"delta": 0.5, "accepted_rate": 0.5, "keep_rate": 0.5, "n_kept": 2}, {}, {}, {}, "tiny", None)
+    assert json.loads((it / "report" / "pr_data.json").read_text())["source"].startswith("critic test split")
+    assert out["human_precision_at_delta"] is None and out["human_accuracy"] == 0.5
+    assert read_jsonl(labels_store(run))  # the store is only read
+
+
+def test_blind_export_to_jsonl_is_jsonl_and_imports_back(tmp_path):
+    """A .jsonl blind export held CSV text, which import --blind then refused line by line as broken JSON."""
+    run = _fake_run(tmp_path / "run")
+    items = export_blind(run, tmp_path / "b.jsonl", n_per_iteration=3)
+    rows = read_jsonl(tmp_path / "b.jsonl")
+    assert len(rows) == len(items) and all(set(r) == {"item_id", "statement", "label", "votes"} for r in rows)
+    write_jsonl(tmp_path / "done.jsonl", [dict(r, label="true") for r in rows])
+    assert len(import_blind(tmp_path / "done.jsonl", run)) == len(items) == 5
