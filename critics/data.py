@@ -123,10 +123,13 @@ def load_annotations(paths: Iterable[str | Path], label_map: Mapping | None = No
                 report.errors.append(msg)
                 continue
             y = mapping[label]
+            key = normalize_statement(statement)
             if y is None:
                 report.dropped[label] += 1
+                # the newest annotation wins, a don't-know too: an older file's label of it is not kept
+                if by_key.pop(key, None) is not None:
+                    report.duplicates += 1
                 continue
-            key = normalize_statement(statement)
             if key in by_key:
                 report.duplicates += 1
                 del by_key[key]  # re-insert so order follows the newest annotation

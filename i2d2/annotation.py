@@ -244,11 +244,9 @@ def heldout_store(run_dir: str | Path) -> Path:
 
 def heldout_statements(run_dir: str | Path) -> list[dict]:
     """Every iteration's held-out generations (``iter_k/heldout/statements.jsonl``), with ``iteration``."""
-    out = []
-    for p in sorted(Path(run_dir).glob("iter_*/heldout/statements.jsonl"), key=lambda q: int(q.parent.parent.name[5:])):
-        k = int(p.parent.parent.name[5:])
-        out += [{**r, "iteration": k} for r in read_jsonl(p)]
-    return out
+    found = [(int(p.parent.parent.name[5:]), p) for p in Path(run_dir).glob("iter_*/heldout/statements.jsonl")
+             if p.parent.parent.name[5:].isdigit()]  # iter_0.bak and the like are not iterations
+    return [{**r, "iteration": k} for k, p in sorted(found) for r in read_jsonl(p)]
 
 
 def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int = 40, seed: int = 0) -> list[dict]:

@@ -133,3 +133,27 @@ def test_blind_export_to_jsonl_is_jsonl_and_imports_back(tmp_path):
     assert len(rows) == len(items) and all(set(r) == {"item_id", "statement", "label", "votes"} for r in rows)
     write_jsonl(tmp_path / "done.jsonl", [dict(r, label="true") for r in rows])
     assert len(import_blind(tmp_path / "done.jsonl", run)) == len(items) == 5
+
+
+def test_a_newer_dont_know_overrides_an_older_label(tmp_path):
+    """Newest annotation wins (the run's store after the seed set), a don't-know too: the older label of a
+    statement the maintainer could no longer judge is not trained on."""
+    from critics.data import load_annotations
+
+    seed, store = tmp_path / "seed.jsonl", tmp_path / "store.jsonl"
+    write_jsonl(seed, [{"statement": "Dogs bark.", "concept": "dog", "label": "true"},
+                       {"statement": "Cats purr.", "concept": "cat", "label": "true"}])
+    write_jsonl(store, [{"statement": "dogs bark", "concept": "dog", "label": "dont_know"}])
+    assert [r["statement"] for r in load_annotations([seed, store])] == ["Cats purr."]
+    assert [r["statement"] for r in load_annotations([store, seed])] == ["Dogs bark.", "Cats purr."]
+
+
+def test_held_out_statements_skip_folders_that_are_not_iterations(tmp_path):
+    from i2d2.annotation import heldout_statements
+
+    run = _fake_run(tmp_path / "run")
+    bak = run / "iter_0.bak" / "heldout"
+    bak.mkdir(parents=True)
+    write_jsonl(bak / "statements.jsonl", [{"statement": "Old.", "concept": "old"}])
+    rows = heldout_statements(run)
+    assert [r["iteration"] for r in rows] == [0, 0, 0, 1, 1, 1]
