@@ -18,6 +18,7 @@ and its message appended to ``errors`` (``on_error='skip'``).
 from __future__ import annotations
 
 import csv
+import inspect
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
@@ -252,9 +253,18 @@ SOURCE_KEYS = ("path", "format", "kind", "relations", "max_concepts", "options",
 
 def check_sources(cfg_data) -> None:
     """Every enabled ``data.sources`` entry (``check_source``), before any work."""
+    if cfg_data.get("on_error") not in (None, "skip", "raise"):
+        raise ValueError(f"data.on_error: must be skip or raise, got {cfg_data.get('on_error')!r}")
+    relations = cfg_data.get("relations") or {}
     for name, src in (cfg_data.get("sources") or {}).items():
         if src:  # null: the source is off
-            check_source(src, cfg_data.get("dir"), cfg_data.get("relations") or {}, f"data.sources.{name}")
+            check_source(src, cfg_data.get("dir"), relations, f"data.sources.{name}")
+            rel = str(src.get("relations") or "general")  # the list its nouns are paired with (candidate_groups)
+            path = resolve_path(relations[rel], cfg_data.get("dir")) if rel in relations else None
+            if src.get("kind", "noun") == "noun" and path is not None and not path.is_file():
+                # was a bare FileNotFoundError in the prompts stage
+                raise FileNotFoundError(f"data.relations.{rel}: relational-phrase file not found: {path} "
+                                        f"(used by data.sources.{name})")
 
 
 def check_source(src, base_dir: str | None = None, relations=None, where: str = "source") -> None:
@@ -276,6 +286,11 @@ def check_source(src, base_dir: str | None = None, relations=None, where: str = 
         raise ValueError(f"{where}.max_concepts: must be null (all) or an integer >= 1, got {cap!r}")
     if src.get("options") is not None and not isinstance(src["options"], Mapping):
         raise ValueError(f"{where}.options: must be a map of the {src.get('format', 'lines')} loader's options")
+    known = _loader_options(src.get("format", "lines"))
+    unknown = sorted(set(src.get("options") or {}) - set(known))
+    if unknown:  # a misspelt option was a TypeError from the loader in the prompts stage
+        raise ValueError(f"{where}.options: unknown option(s) {unknown} for format {src.get('format', 'lines')}; "
+                         f"known: {known}")
     rel = src.get("relations")
     if relations is not None and rel is not None and str(rel) not in relations:
         raise ValueError(f"{where}.relations: {rel!r} is not a relational-phrase list of data.relations "
@@ -283,6 +298,14 @@ def check_source(src, base_dir: str | None = None, relations=None, where: str = 
     path = resolve_path(src["path"], base_dir)
     if not path.is_file():
         raise FileNotFoundError(f"{where}.path: concept file not found: {path}")
+
+
+def _loader_options(fmt: str) -> list[str]:
+    """The ``options`` a format's loader takes: its keyword arguments other than those load_source passes itself."""
+    loader = {"genericskb": load_genericskb, "conceptnet": load_conceptnet}.get(fmt)
+    if loader is None:  # lines, jsonl: load_source passes them no options
+        return []
+    return [p for p in inspect.signature(loader).parameters if p not in ("path", "on_error", "errors", "max_words")]
 
 
 def load_source(src: dict, base_dir: str | None = None, on_error: str = "skip", errors: list | None = None,

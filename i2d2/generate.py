@@ -75,7 +75,7 @@ def resolve_critic(cfg, upto: int | None) -> dict:
 
 
 def read_concepts(g) -> list[str]:
-    from i2d2.concepts import validate_concept
+    from i2d2.concepts import _dedupe, validate_concept
     from i2d2.io import text_lines
 
     items = [str(c) for c in (g.get("concepts") or [])]
@@ -96,7 +96,7 @@ def read_concepts(g) -> list[str]:
             raise GenerateError(f"{where}: {e}") from None
     if not out:
         raise GenerateError("no concepts: set generate.concepts='[board games, violins]' or generate.concepts_file=PATH")
-    return list(dict.fromkeys(out))
+    return _dedupe(out)  # case-insensitive, as the prompt builder merges them ("Violins" printed no statement)
 
 
 def check_args(g) -> None:
@@ -124,7 +124,7 @@ def generate(cfg: DictConfig) -> list[dict]:
     from i2d2.io import model_fingerprint, read_jsonl, write_jsonl
     from i2d2.lightning_setup import resolve_device
     from i2d2.models import load_causal_lm
-    from i2d2.prompts import build_generic_prompts
+    from i2d2.prompts import build_generic_prompts, check_prompt_config
     from trainers.lm_finetune import join_statement
 
     g = cfg.generate
@@ -147,6 +147,10 @@ def generate(cfg: DictConfig) -> list[dict]:
                                    "relations": g.relations, "max_concepts": None}}
         data["related_prompts"] = "none"
         data.setdefault("perplexity", {})["threshold"] = None
+        try:  # before the model loads, naming the key (was a traceback from the prompt builder)
+            check_prompt_config(data)
+        except ValueError as e:
+            raise GenerateError(str(e)) from None
         model, tok = load_causal_lm(name, cache=cfg.get("cache_dir"), dtype=cfg.model.get("dtype"))
         log.info("generate: %d concepts with %s", len(concepts), name)
         build_generic_prompts(OmegaConf.create(data), model, tok, work / "all_prompts.jsonl")

@@ -39,10 +39,11 @@ def shard_path(out_dir: Path, index: int) -> Path:
     return Path(out_dir) / f"shard-{index:05d}.jsonl"
 
 
-def shard_finished(out_dir: Path, index: int) -> bool:
+def shard_finished(out_dir: Path, index: int, remove: bool = True) -> bool:
     """A shard counts as decoded when it exists and matches the size and SHA-256 its ``.meta.json`` recorded
     (written after the shard): a shard damaged after the fact, or one whose meta a kill prevented, is decoded
-    again (same prompts, same config: the same rows) instead of breaking the union or being half counted."""
+    again (same prompts, same config: the same rows) instead of breaking the union or being half counted.
+    ``remove``: delete such a shard; only its own rank may (another rank may be between writing it and its meta)."""
     path = shard_path(out_dir, index)
     meta = path.with_suffix(".meta.json")
     if not path.exists():
@@ -52,7 +53,7 @@ def shard_finished(out_dir: Path, index: int) -> bool:
         ok = info["size"] == path.stat().st_size and info["sha256"] == file_digest(path)
     except (OSError, ValueError, KeyError, TypeError):
         ok = False
-    if not ok:
+    if not ok and remove:
         log.warning("generation: %s does not match its record %s (damaged, or a kill came between them): "
                     "decoding it again", path.name, meta.name)
         path.unlink(missing_ok=True)
@@ -205,7 +206,7 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     if use_barrier:
         dist.barrier()
     all_shards = range(math.ceil(len(prompts) / shard_size))
-    complete = all(shard_finished(out_dir, i) for i in all_shards)
+    complete = all(shard_finished(out_dir, i, remove=i % world == rank) for i in all_shards)
     counted = list(all_shards) if complete else [i for i in mine if shard_finished(out_dir, i)]
     n_gen, n_sat, samples = 0, 0, []
     writer = rank == 0 or not use_barrier

@@ -52,6 +52,8 @@ def sequence_nll(model, tokenizer, texts: list[str], batch_size: int = 16, prefi
 def perplexity(model, tokenizer, texts: list[str], batch_size: int = 16, per: str = "word",
                prefixes: list[str] | None = None, progress: bool = False) -> np.ndarray:
     """exp(NLL / n) with n = tokens (``per='token'``) or whitespace words (``per='word'``, I2D2's unit)."""
+    if per not in ("word", "token"):  # anything else was silently per word
+        raise ValueError(f"perplexity per must be 'word' or 'token', got {per!r}")
     nll, ntok = sequence_nll(model, tokenizer, texts, batch_size, prefixes, progress)
     if per == "token":
         n = np.maximum(ntok, 1)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from i2d2.concepts import Concept, load_concepts, load_phrases, resolve_path
+from i2d2.concepts import Concept, load_concepts, load_phrases, resolve_path, validate_concept
 from i2d2.io import DataError, atomic_path, fingerprint, write_json, write_text
 
 log = logging.getLogger(__name__)
@@ -126,16 +126,21 @@ def noun_variants(concept: Concept, relation: str, cfg_data, engine=None) -> lis
         forms += [(singular, "sg", a) for a in [None, *sg_articles]]
     if number in ("pl", "any"):
         forms += [(plural, "pl", a) for a in [None, *(["the"] if "the" in articles else [])]]
-    out, seen = [], set()
+    out, seen = [], {}
     for adverb in [None, *_get(cfg_data, "adverbs", [])]:
         for noun, num, article in forms:
             body = " ".join(x for x in (article, "{concept}", relation) if x)
             template = f"{adverb}{sep}{body}" if adverb else _cap(body)  # "{concept} is" stays as is
             text = _cap(template.replace("{concept}", noun))
+            v = Variant(text, concept, relation, template, noun, adverb, article, num)
             if text in seen:
+                # an invariant noun before a modal ("Sheep can", "Scissors can") is also the bare plural: keep
+                # that reading, or the forms selection skips it for "A scissors can"
+                if num == "pl" and out[seen[text]].number == "sg":
+                    out[seen[text]] = v
                 continue
-            seen.add(text)
-            out.append(Variant(text, concept, relation, template, noun, adverb, article, num))
+            seen[text] = len(out)
+            out.append(v)
     return out
 
 
@@ -231,8 +236,9 @@ def score_texts(model, tokenizer, texts: list[str], work_dir: Path, batch_size: 
     from i2d2.perplexity import perplexity
 
     work_dir = Path(work_dir)
+    # chunk: a resume with another chunk_size crashed on the old chunks' shape; dtype: bf16 scores are not float32's
     fp = fingerprint(texts, per, getattr(model.config, "_name_or_path", ""), type(model).__name__,
-                     int(sum(p.numel() for p in model.parameters())))
+                     int(sum(p.numel() for p in model.parameters())), int(chunk), str(getattr(model, "dtype", "")))
     meta = work_dir / "_fingerprint.txt"
     if work_dir.exists() and (not meta.exists() or meta.read_text() != fp):
         shutil.rmtree(work_dir)
@@ -307,20 +313,44 @@ def check_prompt_selection(cfg_data) -> tuple[str, list[str]]:
     return selection, forms
 
 
+def check_prompt_config(cfg_data) -> None:
+    """The prompt builder's data.* choices, for a start-up check (they were read only in the prompts stage, the
+    related_prompts one after the perplexity pass); ValueError names the key."""
+    check_prompt_selection(cfg_data)
+    mode = _get(cfg_data, "related_prompts", "both")
+    if mode not in ("both", "related", "none"):
+        raise ValueError(f"data.related_prompts must be both|related|none, got {mode!r}")
+    per = _get(_get(cfg_data, "perplexity", {}), "per", "word")
+    if per not in ("word", "token"):
+        raise ValueError(f"data.perplexity.per must be word or token, got {per!r}")
+
+
 def heldout_keys(cfg_heldout) -> set[str]:
     """Lower-cased texts of the fixed evaluation concepts (``task.heldout``): kept out of every critic label set."""
     if not cfg_heldout:
         return set()
-    return {str(c).lower() for key in ("nouns", "goals") for c in (cfg_heldout.get(key) or [])}
+    return {c.text.lower() for c in heldout_concepts(cfg_heldout)}
 
 
 # ----------------------------------------------------------------------------- the stage
 
+def _heldout_text(value, where: str) -> str:
+    """A held-out concept normalised as the concept loaders normalise theirs ("Board  games" must still exclude
+    "board games" from the loop); ValueError naming the key otherwise (inflect failed on it in the held-out stage)."""
+    try:
+        return validate_concept(value if value is None else str(value))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
 def heldout_concepts(cfg_heldout) -> list[Concept]:
     """The fixed evaluation concepts of ``task.heldout`` as Concepts (nouns paired with ``relations``)."""
     rel = cfg_heldout.get("relations") or "genericskb"
-    return ([Concept(str(n), "noun", source="task.heldout.nouns", relations=rel) for n in cfg_heldout.get("nouns") or []]
-            + [Concept(str(g), "goal", source="task.heldout.goals") for g in cfg_heldout.get("goals") or []])
+    nouns, goals = cfg_heldout.get("nouns") or [], cfg_heldout.get("goals") or []
+    return ([Concept(_heldout_text(n, f"task.heldout.nouns[{i}]"), "noun", source="task.heldout.nouns", relations=rel)
+             for i, n in enumerate(nouns)]
+            + [Concept(_heldout_text(g, f"task.heldout.goals[{i}]"), "goal", source="task.heldout.goals")
+               for i, g in enumerate(goals)])
 
 
 @dataclass

@@ -104,11 +104,19 @@ def check_config(cfg: DictConfig) -> None:
     r = OmegaConf.select(t, "filter.near_duplicate_ratio", default=90)
     need(is_num(r) and 0 < r <= 100, "task.filter.near_duplicate_ratio",
          f"must be a rapidfuzz ratio in (0, 100] (100: exact duplicates only), got {r!r}")
-    need_counts(cfg, "data.perplexity.batch_size", "data.perplexity.chunk_size", null_ok=True)
+    need_counts(cfg, "data.perplexity.batch_size", "data.perplexity.chunk_size", "data.generation.shard_size",
+                null_ok=True)
     try:  # the concept sources are read after the LM has loaded: a misspelt one fails here, naming its key
         from i2d2.concepts import check_sources
+        from i2d2.prompts import check_prompt_config, heldout_concepts
 
         check_sources(cfg.data)
+        check_prompt_config(cfg.data)
+        if t.get("heldout"):  # a bad held-out concept or list failed in the held-out stage, after generation and the critic
+            rel, lists = t.heldout.get("relations") or "genericskb", cfg.data.get("relations") or {}
+            if any(c.kind == "noun" for c in heldout_concepts(t.heldout)) and rel not in lists:
+                raise ValueError(f"task.heldout.relations: {rel!r} is not a relational-phrase list of data.relations "
+                                 f"({', '.join(lists)})")
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(str(e)) from None
     for key in ("max_per_frame", "max_per_concept"):
