@@ -127,8 +127,16 @@ class ComparativeDirectionScorer(PairwiseScorer):
     def claims(self, text: str) -> set[tuple[str, int]]:
         """The (attribute, direction) claims a statement makes."""
         out = set()
-        for m in self.pattern.finditer(text.lower()):
+        low = text.lower()
+        for m in self.pattern.finditer(low):
             phrase = m.group(1)
+            if phrase in self.quantifiers:
+                # a bare 'more' / 'less' is about the word before it: 'cost more' contradicts 'cheaper', not
+                # 'weigh less' (as one 'quantity' scale every bare more/less contradicted every bare less)
+                prev = re.findall(r"[a-z][a-z'-]*", low[:m.start()])
+                if prev and prev[-1] not in FUNCTION_WORDS:
+                    out.add((prev[-1], self.quantifiers[phrase]))
+                continue
             if phrase in self.lexicon:
                 out.update(self.lexicon[phrase])
                 continue

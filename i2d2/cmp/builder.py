@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from i2d2.cmp.data import Quintuple, write_quintuples
 from i2d2.cmp.textualize import segment_for, split_sentences
-from i2d2.io import DataError, open_text, read_jsonl, read_text
+from i2d2.io import DataError, iter_jsonl, read_text
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,27 @@ class Statement:
         return (getattr(self, part), *getattr(self, f"{part}_aliases"))
 
 
-def load_statements(path) -> list[Statement]:
-    rows = read_jsonl(path, required=("entity", "property", "value", "category"))
+def _jsonl_rows(path, fields, numbers: bool = False) -> list[tuple[int, dict]]:
+    """(line, row) for each row of a JSONL file; a broken line, or a field that is missing or not a non-empty
+    string (or number, with ``numbers``), is a DataError naming file:line and the field, not a traceback later."""
+    kinds = (str, int, float) if numbers else (str,)
     out = []
-    with open_text(path) as f:
-        lines = [i for i, line in enumerate(f, 1) if line.strip()]
-    for lineno, r in zip(lines, rows):
+    for lineno, row, problem in iter_jsonl(path):
+        if problem is None:
+            missing = [k for k in fields if row.get(k) in (None, "")]
+            wrong = [f"'{k}' ({type(row[k]).__name__})" for k in fields if k not in missing and (
+                isinstance(row[k], bool) or not isinstance(row[k], kinds) or not str(row[k]).strip())]
+            problem = f"missing field(s) {', '.join(missing)}" if missing else \
+                f"field(s) {', '.join(wrong)} must be {'text or a number' if numbers else 'text'}" if wrong else None
+        if problem is not None:
+            raise DataError(f"{path}:{lineno}: {problem}")
+        out.append((lineno, row))
+    return out
+
+
+def load_statements(path) -> list[Statement]:
+    out = []
+    for lineno, r in _jsonl_rows(path, ("entity", "property", "value", "category"), numbers=True):
         kw = {}
         for k in ("entity_aliases", "property_aliases", "value_aliases"):
             v = r.get(k, [])
@@ -66,12 +81,12 @@ def load_statements(path) -> list[Statement]:
 def load_paragraphs(path) -> list[str]:
     path = Path(path)
     if path.suffix == ".jsonl":
-        return [r["text"] for r in read_jsonl(path, required=("text",))]
+        return [r["text"] for _, r in _jsonl_rows(path, ("text",))]
     return [" ".join(p.split()) for p in re.split(r"\n\s*\n", read_text(path)) if p.strip()]
 
 
 def load_articles(path) -> dict[str, str]:
-    return {r["title"]: r["text"] for r in read_jsonl(path, required=("title", "text"))}
+    return {r["title"]: r["text"] for _, r in _jsonl_rows(path, ("title", "text"))}
 
 
 def _alias_regex(names) -> re.Pattern:
@@ -147,8 +162,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--segment-sentences", type=int, default=10)
     a = ap.parse_args(argv)
-    rows, stats = build_quintuples(load_statements(a.statements), load_paragraphs(a.paragraphs),
-                                   load_articles(a.articles), a.segment_sentences)
+    try:  # bad input: one line naming the file (and line / field), exit status 2, as the other CLIs
+        inputs = load_statements(a.statements), load_paragraphs(a.paragraphs), load_articles(a.articles)
+    except (DataError, OSError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows, stats = build_quintuples(*inputs, a.segment_sentences)
     print(stats)
     if not rows:  # an empty corpus file would only fail later, in pre-training, far from its cause
         print(f"error: no quintuple could be built (counts above), nothing written to {a.out}", file=sys.stderr)

@@ -36,11 +36,12 @@ class Entity:
     name: str
     plural: str          # the form prompts use: the plural, or the name itself for a mass noun
     cls: str
+    mass: bool | None = None  # None: a mass noun when plural == name (zero plurals 'sheep', 'pliers' need False)
 
     @property
     def countable(self) -> bool:
         """False for an entity named in the singular (mass noun): its verb agrees in the singular."""
-        return self.plural.lower() != self.name.lower()
+        return not self.mass if self.mass is not None else self.plural.lower() != self.name.lower()
 
 
 @functools.lru_cache(maxsize=1)
@@ -87,12 +88,15 @@ def _entity(raw, cls: str, where: str) -> Entity:
     if not name:
         raise DataError(f"{where}: empty entity name")
     if plural is False:  # a mass noun the lexicon misses
-        return Entity(name, name, cls)
+        return Entity(name, name, cls, mass=True)
     if plural is True:  # countable although the lexicon lists it ('tins' in a container class)
-        return Entity(name, _inflect().plural_noun(name) or name, cls)
+        return Entity(name, _inflect().plural_noun(name) or name, cls, mass=False)
     if plural is not None and (not isinstance(plural, str) or not plural.strip()):
         raise DataError(f"{where}: 'plural' must be a non-empty string, true or false, got {plural!r}")
-    return Entity(name, plural.strip() if plural else pluralize(name), cls)
+    if plural:
+        return Entity(name, plural.strip(), cls)
+    # the lexicon decides, not plural == name: 'sheep', 'salmon', 'pliers' are plurals ('sheep are'), not mass nouns
+    return Entity(name, pluralize(name), cls, mass=is_mass_noun(name))
 
 
 def _finish(classes: dict[str, list[Entity]], min_entities: int) -> dict[str, list[Entity]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from i2d2.io import DataError, read_jsonl
+from i2d2.io import DataError, read_jsonl, write_text
 from i2d2.schemas import is_count
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,11 @@ def main(argv=None) -> int:
     if not args.qa.is_file():
         print(f"error: --qa {args.qa} does not exist", file=sys.stderr)
         return 2
-    items = read_jsonl(args.qa)
+    try:  # a broken line: the message names file:line, not a traceback
+        items = read_jsonl(args.qa)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not items:
         print(f"error: --qa {args.qa} has no items", file=sys.stderr)
         return 2
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
         return 2
     print(json.dumps({k: v for k, v in metrics.items() if k != "config"}))
     if args.out:
-        args.out.write_text(json.dumps({"metrics": metrics, "predictions": rows}, indent=2))
+        write_text(args.out, json.dumps({"metrics": metrics, "predictions": rows}, indent=2))  # atomic: no half file
     return 0
 
 

@@ -165,15 +165,21 @@ class CueDetector:
         """Cues in ``candidate`` beyond those in ``original`` (a negation must add at least one)."""
         before = {}
         for c in self.detect(original):
-            before[c.text.lower()] = before.get(c.text.lower(), 0) + 1
+            before[self._key(c)] = before.get(self._key(c), 0) + 1
         out = []
         for c in self.detect(candidate):
-            k = c.text.lower()
+            k = self._key(c)
             if before.get(k, 0) > 0:
                 before[k] -= 1
             else:
                 out.append(c)
         return out
+
+    def _key(self, cue: Cue) -> str:
+        """What a cue counts as when original and candidate are compared: "isn’t" -> "isn't" -> "is not" keep the
+        same negation, so n't / n’t / not / cannot are one cue."""
+        low = cue.text.lower().replace("’", "'")
+        return "not" if low in self.verbal else low
 
     def negation_type(self, original, candidate) -> str | None:
         cues = self.new_cues(original, candidate)
