@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from i2d2.io import read_jsonl
+from i2d2.labels import normalize_statement
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ def surface_floor(train_rows, y_train, test_rows, y_test, seed: int = 0, folds: 
     y_train, y_test = np.asarray(y_train), np.asarray(y_test)
     clf = SurfaceClassifier(seed=seed).fit(train_rows, y_train)
     s_test = clf.score(test_rows)
-    groups = [str(r.get("concept", i)) for i, r in enumerate(train_rows)]
+    # one concept however it is spelled, as grouped_split groups it ("Dog" and "dog" in one fold)
+    groups = [normalize_statement(str(r.get("concept", i))) for i, r in enumerate(train_rows)]
     oof = np.zeros(len(train_rows))
     k = min(folds, len(set(groups)))
     for a, b in GroupKFold(k).split(np.zeros(len(groups)), groups=groups):
@@ -135,24 +137,29 @@ def surface_floor(train_rows, y_train, test_rows, y_test, seed: int = 0, folds: 
 
 
 def score_probes(score_fn: Callable[[list[str]], np.ndarray], path: str | Path = PROBES,
-                 warn_shift: float = 0.1) -> dict:
+                 warn_shift: float = 0.1, reads: Callable[[str], str] | None = None) -> dict:
     """Score the probe set; returns mean |Δ score| over rewrite pairs (each variant against its group's first
     row), the probes' AP (every probe has a truth label), and per-row scores. Logs a warning when the shift is
-    above ``warn_shift``."""
+    above ``warn_shift``. ``reads``: the text the critic reads (``canonical_statement`` for a canonicalising
+    critic); a pair it reads as one text is left out of the shift (``probe_shift_by_rewrite`` still lists it)."""
     from critics.metrics import average_precision
 
     rows = read_jsonl(path, required=("group", "statement", "y", "type"))
     scores = np.asarray(score_fn([r["statement"] for r in rows]), dtype=float)
-    base: dict[str, float] = {}
+    reads = reads or str
+    base: dict[str, tuple[float, str]] = {}
     shifts, by_rewrite = [], {}
     for r, s in zip(rows, scores):
         if r["type"] != "rewrite":
             continue
         if r["group"] not in base:
-            base[r["group"]] = s
+            base[r["group"]] = (s, reads(r["statement"]))
         else:
-            shifts.append(abs(s - base[r["group"]]))
-            by_rewrite.setdefault(r.get("rewrite", "rewrite"), []).append(abs(s - base[r["group"]]))
+            b, text = base[r["group"]]
+            by_rewrite.setdefault(r.get("rewrite", "rewrite"), []).append(abs(s - b))
+            # identical input scores 0 by construction: counted, it would dilute the mean under the warning
+            if reads(r["statement"]) != text:
+                shifts.append(abs(s - b))
     y = np.asarray([int(r["y"]) for r in rows])
     false_probe = np.asarray([r["type"] == "falsehood" for r in rows])
     out = {"probe_shift": float(np.mean(shifts)) if shifts else None,

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from critics.data import (Collator, LoadReport, StatementDataset, canonical_statement, grouped_split3, label_mapping,
-                          load_annotations)
+                          load_annotations, normalize_statement)
 from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
 from i2d2.io import atomic_dir, write_json, write_jsonl
 from i2d2.schemas import CriticConfig, fill
@@ -200,6 +200,13 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
     texts = [r["statement"] for r in rows]
     if cfg["canonicalize"]:  # what the critic reads; scoring applies the same (critic_meta.json "canonicalize")
         texts = [canonical_statement(t) for t in texts]
+        # "Generally, X." and "X." are one text to the critic (load_annotations keys the raw statement): keep its
+        # newest label (rows follow the annotation order), so that it is never read twice, under two labels, or
+        # with one copy in train and one in test
+        newest = sorted({normalize_statement(t): i for i, t in enumerate(texts)}.values())
+        if report is not None:
+            report.duplicates += len(rows) - len(newest)
+        rows, texts = [rows[i] for i in newest], [texts[i] for i in newest]
     ys = np.array([r["y"] for r in rows])
     splits = grouped_split3([r["concept"] for r in rows], ys, float(cfg["dev_fraction"]), float(cfg["test_fraction"]),
                             int(cfg["seed"]))
@@ -281,7 +288,9 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
 
     surface = surface_floor([rows[i] for i in train_idx], ys[train_idx], [rows[i] for i in test_idx], y_test,
                             seed=int(cfg["seed"]))
-    probes = score_probes(critic_scores, warn_shift=float(cfg["probe_warn_shift"])) if cfg["probes"] else {}
+    reads = canonical_statement if critic_meta(critic).get("canonicalize") else None  # as score_loaded reads
+    probes = (score_probes(critic_scores, warn_shift=float(cfg["probe_warn_shift"]), reads=reads)
+              if cfg["probes"] else {})
     if probes:
         write_jsonl(out_dir / "probe_scores.jsonl", probes.pop("rows"))
 

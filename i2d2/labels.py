@@ -43,7 +43,9 @@ def normalize_label(raw) -> str:
 
 
 HEDGES = ("generally", "typically", "usually", "in general", "normally", "often")
-_HEDGE = re.compile(r"^\s*(?:" + "|".join(HEDGES) + r")\s*,\s*", re.IGNORECASE)
+# a run of them ("Generally, usually, X"): one pass strips all, so that canonicalising twice (train_critic scores
+# texts it already canonicalised) reads what the critic was fitted on
+_HEDGE = re.compile(r"^\s*(?:(?:" + "|".join(HEDGES) + r")\s*,\s*)+", re.IGNORECASE)
 
 
 def canonical_statement(text: str) -> str:
