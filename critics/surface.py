@@ -139,16 +139,18 @@ def surface_floor(train_rows, y_train, test_rows, y_test, seed: int = 0, folds: 
 def score_probes(score_fn: Callable[[list[str]], np.ndarray], path: str | Path = PROBES,
                  warn_shift: float = 0.1, reads: Callable[[str], str] | None = None) -> dict:
     """Score the probe set; returns mean |Δ score| over rewrite pairs (each variant against its group's first
-    row), the probes' AP (every probe has a truth label), and per-row scores. Logs a warning when the shift is
-    above ``warn_shift``. ``reads``: the text the critic reads (``canonical_statement`` for a canonicalising
-    critic); a pair it reads as one text is left out of the shift (``probe_shift_by_rewrite`` still lists it)."""
+    row), the probes' AP (every probe has a truth label), and per-row scores. ``reads``: the text the critic reads
+    (``canonical_statement`` for a canonicalising critic). ``probe_shift`` averages every pair; ``probe_shift_read``
+    only the pairs the critic reads as two texts (a canonicalised adverb scores 0 by construction: averaged in,
+    3 of 5 pairs per group, it dilutes the article / number shift 2.5x). Logs a warning when either is above
+    ``warn_shift``."""
     from critics.metrics import average_precision
 
     rows = read_jsonl(path, required=("group", "statement", "y", "type"))
     scores = np.asarray(score_fn([r["statement"] for r in rows]), dtype=float)
     reads = reads or str
     base: dict[str, tuple[float, str]] = {}
-    shifts, by_rewrite = [], {}
+    shifts, read, by_rewrite = [], [], {}
     for r, s in zip(rows, scores):
         if r["type"] != "rewrite":
             continue
@@ -157,20 +159,23 @@ def score_probes(score_fn: Callable[[list[str]], np.ndarray], path: str | Path =
         else:
             b, text = base[r["group"]]
             by_rewrite.setdefault(r.get("rewrite", "rewrite"), []).append(abs(s - b))
-            # identical input scores 0 by construction: counted, it would dilute the mean under the warning
+            shifts.append(abs(s - b))
             if reads(r["statement"]) != text:
-                shifts.append(abs(s - b))
+                read.append(abs(s - b))
     y = np.asarray([int(r["y"]) for r in rows])
     false_probe = np.asarray([r["type"] == "falsehood" for r in rows])
     out = {"probe_shift": float(np.mean(shifts)) if shifts else None,
+           "probe_shift_read": float(np.mean(read)) if read else None, "probe_n_pairs_read": len(read),
            "probe_shift_max": float(np.max(shifts)) if shifts else None,
            "probe_shift_by_rewrite": {k: float(np.mean(v)) for k, v in by_rewrite.items()},
            "probe_ap": average_precision(y, scores), "probe_n": len(rows), "probe_n_pairs": len(shifts),
            "probe_false_mean_score": float(scores[false_probe].mean()) if false_probe.any() else None,
            "probe_true_mean_score": float(scores[y == 1].mean()) if (y == 1).any() else None,
            "rows": [{**r, "critic_score": float(s)} for r, s in zip(rows, scores)]}
-    if out["probe_shift"] is not None and out["probe_shift"] > warn_shift:
-        log.warning("!!! CRITIC PROBE SHIFT %.3f > %.2f: meaning-preserving rewrites (leading adverb, article, number) "
-                    "move the critic's score; it has learned wording, not truth. See probe_scores.jsonl.",
-                    out["probe_shift"], warn_shift)
+    worst = max((v for v in (out["probe_shift"], out["probe_shift_read"]) if v is not None), default=None)
+    if worst is not None and worst > warn_shift:
+        log.warning("!!! CRITIC PROBE SHIFT %.3f over all rewrite pairs, %s over those it reads as two texts (> %.2f): "
+                    "meaning-preserving rewrites (leading adverb, article, number) move the critic's score; it "
+                    "partly judges wording, not truth. See probe_scores.jsonl.", out["probe_shift"],
+                    "–" if out["probe_shift_read"] is None else f"{out['probe_shift_read']:.3f}", warn_shift)
     return out

@@ -46,7 +46,7 @@ def test_canonicalising_twice_reads_what_the_critic_was_fitted_on():
     assert canonical_statement("Generally, usually, birds can fly.") == "Birds can fly."
 
 
-def test_probe_shift_leaves_out_pairs_the_critic_reads_as_one_text(caplog):
+def test_probe_shift_read_leaves_out_pairs_the_critic_reads_as_one_text(caplog):
     # a canonicalising critic that moves 0.2 whenever the article changes: 3 of the 5 pairs per group are adverb
     # rewrites it never sees (0 by construction), which diluted the shift to 0.08, under the 0.1 warning
     from critics.surface import score_probes
@@ -56,9 +56,10 @@ def test_probe_shift_leaves_out_pairs_the_critic_reads_as_one_text(caplog):
 
     with caplog.at_level(logging.WARNING):
         out = score_probes(article_sensitive, reads=canonical_statement)
-    assert abs(out["probe_shift"] - 0.2) < 1e-9 and out["probe_n_pairs"] == 44 and "PROBE SHIFT" in caplog.text
-    assert out["probe_shift_by_rewrite"]["generally"] == 0.0  # still listed, not averaged in
-    assert score_probes(article_sensitive)["probe_n_pairs"] == 110  # a critic that reads the raw text: every pair
+    assert abs(out["probe_shift_read"] - 0.2) < 1e-9 and out["probe_n_pairs_read"] == 44 and "PROBE SHIFT" in caplog.text
+    assert abs(out["probe_shift"] - 0.08) < 1e-9 and out["probe_n_pairs"] == 110  # the mean: every pair
+    assert out["probe_shift_by_rewrite"]["generally"] == 0.0  # listed, and not in probe_shift_read
+    assert score_probes(article_sensitive)["probe_n_pairs_read"] == 110  # a critic that reads the raw text: every pair
 
 
 def test_surface_floor_folds_group_a_concept_however_it_is_spelled():

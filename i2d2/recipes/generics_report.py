@@ -203,10 +203,12 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
     lines = [f"# I2D2 iteration {k}", "",
              f"Generator P_{k}: `{m['generator']}` → fine-tuned P_{k + 1}: `{m.get('next_model', '–')}`", "",
              "| measure | value |", "|---|---|"]
-    shift = m.get("critic_probe_shift")
-    if shift is not None and shift > 0.1:
-        lines[-2:-2] = [f"> **Warning: the critic's probe shift is {shift:.3f} (> 0.1): meaning-preserving rewrites move "
-                        "its score, so it partly judges wording, not truth** (critic/probe_scores.jsonl).", ""]
+    shifts = [v for v in (m.get("critic_probe_shift"), m.get("critic_probe_shift_read")) if v is not None]
+    if shifts and max(shifts) > 0.1:
+        lines[-2:-2] = [f"> **Warning: the critic's probe shift is {_fmt(m.get('critic_probe_shift'))} over all rewrite "
+                        f"pairs, {_fmt(m.get('critic_probe_shift_read'))} over the pairs it reads as two texts (> 0.1): "
+                        "meaning-preserving rewrites move its score, so it partly judges wording, not truth** "
+                        "(critic/probe_scores.jsonl).", ""]
     below_floor = floor_warning(m.get("critic_ap"), m.get("critic_surface_ap"))
     if below_floor:
         lines[-2:-2] = [f"> **Warning: {below_floor}** (critic/metrics.json).", ""]
@@ -224,6 +226,8 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
          f"{_fmt(m.get('critic_precision'))} / {_fmt(m.get('critic_recall'))} "
          f"({_fmt(m.get('critic_n_kept_test'))} / {_fmt(m.get('critic_n_test'))})"),
         ("probe shift, mean abs Δ score under rewrites — probes.jsonl (must be < 0.1)", m.get("critic_probe_shift")),
+        ("probe shift over the pairs the critic reads as two texts (a canonicalised adverb is one text)",
+         m.get("critic_probe_shift_read")),
         ("probe AP — probes.jsonl", m.get("critic_probe_ap")),
         ("critic-accepted rate before filtering (score > δ) — a critic proxy, not accuracy", m["accepted_rate"]),
         ("human-judged accuracy of this iteration's labelled generations (labels store)", m.get("human_accuracy")),
