@@ -171,7 +171,7 @@ class DevSelection(L.Callback):
 
 def per_task_sizes(batch_size: int, tasks: list[str], mix: dict | None = None) -> dict:
     """Split a step's ``batch_size`` over the tasks in proportion to ``mix`` (default: equally),
-    at least one example each."""
+    at least one example each and ``batch_size`` in all (one each when the batch is smaller than that)."""
     w = np.array([float((mix or {}).get(t, 1.0)) for t in tasks])
     if (w <= 0).any():
         raise ValueError(f"task.mix weights must be positive, got {dict(zip(tasks, w))}")
@@ -179,6 +179,9 @@ def per_task_sizes(batch_size: int, tasks: list[str], mix: dict | None = None) -
     sizes = np.maximum(1, np.floor(raw).astype(int))
     while sizes.sum() < batch_size:  # hand out the remainder by largest fractional part
         sizes[np.argmax(raw - sizes)] += 1
+    # the minimum of one made the step larger than the batch: take back from the task most over its share
+    while sizes.sum() > max(batch_size, len(tasks)):
+        sizes[np.argmax(np.where(sizes > 1, sizes - raw, -np.inf))] -= 1
     return dict(zip(tasks, sizes.tolist()))
 
 

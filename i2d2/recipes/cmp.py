@@ -46,7 +46,7 @@ def check_config(cfg) -> None:
 
     need_one_pass(cfg, "cmp", "one pre-training / evaluation pass")
     need_counts(cfg, "task.pretrain.batch_size", "task.pretrain.eval_batch_size", "task.eval.batch_size",
-                "task.downstream.finetune.batch_size")
+                "task.downstream.finetune.batch_size", "task.pretrain.max_steps", "task.pretrain.val_every")
     r = cfg.task.infilling.mask_ratio  # 0 masks nothing (infilling becomes copying); above 1 is no share
     need(is_num(r) and 0 < r <= 1, "task.infilling.mask_ratio", f"must be in (0, 1], got {r!r}")
     lam = cfg.task.infilling.poisson_lambda  # 0 draws only empty spans: masking would never finish
@@ -63,8 +63,12 @@ def resolve_path(p: str | None) -> Path | None:
     return BUNDLED / p[len("bundled:"):] if p.startswith("bundled:") else Path(p).expanduser()
 
 
-def load_model(name: str, t: DictConfig):
-    """``(model, tokenizer, separator)``: a seq2seq model with its D1/D2 separator (never its EOS)."""
+def load_model(name: str, t: DictConfig, seed: int | None = None):
+    """``(model, tokenizer, separator)``: a seq2seq model with its D1/D2 separator (never its EOS). ``seed`` fixes
+    the weights a warm-started model draws at random (packaged:minilm's cross-attention), which otherwise follow
+    whatever state the RNG was left in: 'base' is then the model pre-training started from, in a rerun too."""
+    if seed is not None:
+        seed_fit(seed)
     model, tok = load_seq2seq(name)
     return model, tok, resolve_separator(model, tok, str(t.get("sep", "auto")))
 
@@ -92,7 +96,7 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
 
     t, pre = cfg.task, cfg.task.pretrain
     tasks = list(t.tasks)
-    model, tok, sep = load_model(t.model, t)
+    model, tok, sep = load_model(t.model, t, seed=int(cfg.seed))
     untrained = untrained_parts(model)
     builder = _builder(tok, t, summaries, sep)
     coll = Collator(tok, eos_id(model, tok), int(pre.max_source_length), int(pre.max_target_length))
@@ -132,13 +136,19 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     trainer.fit(module, train_loader(module, train_ds, progress=progress), val_loader(module, val_ds),
                 ckpt_path=resume_checkpoint(ckpt_dir / "last.ckpt", trainer))
     train_s = time.time() - t0
-    if ckpt.best_model_path:
+    # the steps after the last val_every check (max_steps not a multiple of it) were never scored, so best.ckpt
+    # could not be them: score the final weights too and keep them unless an earlier checkpoint did better
+    trainer.validate(module, val_loader(module, val_ds), verbose=False)
+    final = module.last_val
+    best = ckpt.best_model_score
+    use_best = bool(ckpt.best_model_path) and best is not None and float(best) < final["val/loss"]
+    if use_best:
         state = checkpoint_weights(ckpt.best_model_path) if trainer.is_global_zero else None
         with full_weights(trainer, module, modifier_rank=0):  # ZeRO-3: rank 0 loads, every rank gets the weights
             if trainer.is_global_zero:
                 module.load_state_dict(state)
-    trainer.validate(module, val_loader(module, val_ds), verbose=False)
-    final = module.last_val
+        trainer.validate(module, val_loader(module, val_ds), verbose=False)
+        final = module.last_val
     with full_weights(trainer, module):
         if trainer.is_global_zero:
             with atomic_dir(out_dir / "model") as tmp:
@@ -147,7 +157,8 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     if not t.get("keep_checkpoints", False):
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     summary = {"initial": initial, "final": final, "steps": int(trainer.global_step), "train_seconds": train_s,
-               "best_checkpoint": Path(ckpt.best_model_path).name if ckpt.best_model_path else None,
+               # None: the final weights scored best and were kept
+               "best_checkpoint": Path(ckpt.best_model_path).name if use_best else None,
                "per_step_examples": sizes, "separator": sep, "untrained_at_start": untrained,
                "tokenizer_lowercases": tokenizer_lowercases(tok)}
     write_json(out_dir / "metrics.json", summary)
@@ -165,7 +176,7 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
         held_out = held_out[: int(ev.limit)]
     candidates = {"pretrained": lambda: load_model(str(model_dir), t)}
     if ev.get("compare_base", True):
-        candidates = {"base": lambda: load_model(t.model, t), **candidates}
+        candidates = {"base": lambda: load_model(t.model, t, seed=int(cfg.seed)), **candidates}
     out = {}
     for name, loader in candidates.items():
         model, tok, sep = loader()
@@ -240,7 +251,10 @@ def downstream(cfg, model_dir: Path, out_dir: Path, tracker: Tracker) -> dict:
             for k in d.shots:
                 unit = out_dir / f"{key}_{which}_k{k}.json"
                 if not unit.exists():  # else: finished unit of a resumed stage
-                    res = run_downstream(loaders[which], ds, k, cfg.trainer, protocol,
+                    # zero-shot base: seeded as in pre-training (fine-tuned settings seed each run themselves)
+                    loader = (lambda: load_model(t.model, t, seed=int(cfg.seed))) if which == "base" and str(k) == "0" \
+                        else loaders[which]
+                    res = run_downstream(loader, ds, k, cfg.trainer, protocol,
                                          max_source_length=int(t.pretrain.max_source_length))
                     write_json(unit, {**res, "model": which, "smoke": ds["smoke"]})
                 res = {m: v for m, v in json.loads(unit.read_text()).items() if m != "predictions"}

@@ -18,8 +18,8 @@ import hydra
 from omegaconf import DictConfig
 
 from i2d2.lightning_setup import plain as _c  # config node -> plain dicts/lists
-from i2d2.io import fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, write_jsonl, \
-    write_text
+from i2d2.io import DataError, fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
+    write_jsonl, write_text
 from i2d2.tracking import Tracker, publish_report, tracked_run
 from i2d2.resume import seed_fit
 
@@ -54,18 +54,28 @@ def check_config(cfg) -> None:
     need(t.get("cue_tagger_mode", "union") in ("union", "replace"), "task.cue_tagger_mode",
          f"must be union or replace, got {t.get('cue_tagger_mode')!r}")
     need_counts(cfg, "task.prompt.num_virtual_tokens")
+    # the evaluation reads these sentences only after training: a missing or empty file is refused now, by name
+    from i2d2.negverse.data import read_sentences, resolve
+
+    ev = resolve(cfg.data.eval_sentences, "eval_sentences.txt")
+    need(bool(read_sentences(ev)), "data.eval_sentences",
+         f"{ev} holds no sentences (empty, or only blank and '#' lines)")
 
 
 def data_stage(cfg, nlp, out_dir: Path) -> dict:
     from i2d2.negverse.data import build_examples, build_pairs, resolve, split_by_original
 
     t, d = cfg.task, cfg.data
-    pairs = build_pairs(nlp, resolve(d.pairs, "pairs.tsv"), resolve(d.affirmatives, "affirmatives.txt"),
+    pairs_path = resolve(d.pairs, "pairs.tsv")
+    pairs = build_pairs(nlp, pairs_path, resolve(d.affirmatives, "affirmatives.txt"),
                         use_rules=bool(d.use_rules), rules_on_pairs=bool(d.rules_on_pairs), seed=int(cfg.seed))
     write_jsonl(out_dir / "pairs.jsonl", pairs)
     examples, stats = build_examples(nlp, pairs, rules=list(t.masking.rules), max_blanks=int(t.masking.max_blanks),
                                      max_variants=int(t.masking.train_max_variants), seed=int(cfg.seed))
     train, val = split_by_original(examples, float(t.train.val_fraction), seed=int(cfg.seed))
+    if not train:  # else training fails later with advice about max_length, which is not the cause
+        raise DataError(f"{pairs_path}: no training examples ({len(pairs)} pair(s), {stats['n_unaligned_pairs']} "
+                        f"without an aligned mask, {len(val)} example(s) held out for validation)")
     write_jsonl(out_dir / "train.jsonl", train)
     write_jsonl(out_dir / "val.jsonl", val)
     types: dict[str, int] = {}
@@ -98,7 +108,9 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     train_dl, skipped = make_loader(tok, train, int(tr.batch_size), int(tr.max_length), True, int(cfg.seed), progress)
     val_dl = make_loader(tok, val, int(tr.batch_size), int(tr.max_length), False)[0] if val else None
     max_steps = int(tr.max_steps)
-    total = max_steps if max_steps > 0 else len(train_dl) * int(tr.epochs)
+    # the schedule counts optimiser steps: with gradient accumulation an epoch holds ceil(batches / accum) of them
+    accum = int(cfg.trainer.get("accumulate_grad_batches", 1) or 1)
+    total = max_steps if max_steps > 0 else -(-len(train_dl) // accum) * int(tr.epochs)
     module = NegVerseModule(lm, lr=float(tr.lr), new_token_lr=float(tr.new_token_lr),
                             weight_decay=float(tr.weight_decay), warmup_steps=int(tr.warmup_steps), total_steps=total)
     ckpt_dir = out_dir / "checkpoints"

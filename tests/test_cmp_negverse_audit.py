@@ -1,0 +1,194 @@
+"""Regression tests from an audit of the CMP and NegVerse recipes: the pre-training's last steps are scored, a step
+holds task.pretrain.batch_size examples, the zero-shot 'base' model does not depend on the RNG state, and bad NegVerse
+inputs are refused by name (before training) instead of failing after it or with the wrong advice."""
+
+import pytest
+import torch
+
+from i2d2.config import CONF_DIR, ConfigError
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def _cmp_cfg(tmp_path, *overrides):
+    return _cfg("task=cmp", "task.model=tiny:t5", "logger=none", f"run_dir={tmp_path}", "task.keep_checkpoints=true",
+                "task.pretrain.batch_size=4", "task.pretrain.val_max_per_task=4", "task.eval.limit=2",
+                "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false", *overrides)
+
+
+def _cmp_inputs(cfg):
+    from i2d2.cmp.data import BUNDLED, load_quintuples
+    from i2d2.cmp.textualize import TemplateRealiser, cut_documents
+    from i2d2.recipes.cmp import make_splits
+
+    quints = cut_documents(load_quintuples(BUNDLED / "corpus.jsonl"), int(cfg.task.segment_sentences))
+    splits, _ = make_splits(cfg, quints, BUNDLED / "corpus.jsonl")
+    return splits, dict(zip([q.id for q in quints], TemplateRealiser()(quints)))
+
+
+def test_pretrain_scores_the_steps_after_the_last_validation(tmp_path):
+    # max_steps 3, val_every 2: step 3 was never validated, so best.ckpt (step 2) was always saved as the model
+    from i2d2.io import load_state_dict
+    from i2d2.recipes.cmp import pretrain
+
+    cfg = _cmp_cfg(tmp_path, "task.pretrain.max_steps=3", "task.pretrain.val_every=2", "task.pretrain.lr=3e-3")
+    splits, summaries = _cmp_inputs(cfg)
+    out = pretrain(cfg, splits, summaries, tmp_path / "pretrain", None)
+    assert out["steps"] == 3
+    best = torch.load(tmp_path / "pretrain" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
+    assert best["global_step"] == 2
+    # the final weights score better than step 2's and are the ones saved
+    assert out["final"]["val/loss"] < float(best["callbacks"][next(k for k in best["callbacks"] if "Checkpoint" in k)]
+                                             ["best_model_score"])
+    assert out["best_checkpoint"] is None
+    step2 = load_state_dict(tmp_path / "pretrain" / "checkpoints" / "best.ckpt")
+    from i2d2.models import load_seq2seq
+
+    saved, _ = load_seq2seq(str(tmp_path / "pretrain" / "model"))
+    name = "lm_head.weight"
+    assert not torch.equal(saved.state_dict()[name], step2[f"model.{name}"])
+
+
+def test_per_step_examples_are_the_batch_size():
+    from trainers.cmp import per_task_sizes
+
+    tasks = ["qa", "qag", "sum", "ti"]
+    # the minimum of one example per task made this step 13 examples for a batch of 12
+    sizes = per_task_sizes(12, tasks, {"qa": 20.0, "qag": 1.0, "sum": 1.0, "ti": 1.0})
+    assert sum(sizes.values()) == 12 and min(sizes.values()) == 1 and sizes["qa"] == 9
+    assert per_task_sizes(12, tasks, {"qa": 5.0, "qag": 5.0, "sum": 1.0, "ti": 1.0}) == \
+        {"qa": 5, "qag": 5, "sum": 1, "ti": 1}
+    assert per_task_sizes(192, tasks, {"qa": 5.0, "qag": 5.0, "sum": 1.0, "ti": 1.0}) == \
+        {"qa": 80, "qag": 80, "sum": 16, "ti": 16}
+    assert per_task_sizes(5, tasks, {"qa": 100.0, "qag": 100.0, "sum": 1.0, "ti": 1.0}) == \
+        {"qa": 1, "qag": 2, "sum": 1, "ti": 1}
+    assert per_task_sizes(2, tasks) == dict.fromkeys(tasks, 1)  # a batch below one per task: one each, as before
+
+
+@pytest.mark.parametrize("override, key", [("task.pretrain.val_every=0", "task.pretrain.val_every"),
+                                           ("task.pretrain.max_steps=0", "task.pretrain.max_steps")])
+def test_cmp_check_config_refuses_before_anything_loads(tmp_path, override, key):
+    # val_every=0 was a ZeroDivisionError traceback from Lightning after the initial validation
+    from i2d2.recipes.cmp import check_config
+
+    check_config(_cmp_cfg(tmp_path))
+    with pytest.raises(ConfigError, match=key):
+        check_config(_cmp_cfg(tmp_path, override))
+
+
+def test_zero_shot_base_model_does_not_depend_on_the_rng_state(tmp_path, monkeypatch):
+    # packaged:minilm draws its cross-attention at random when loaded: the 'base' row of the zero-shot table came
+    # from whatever state the RNG was in (after pre-training in a fresh run, before it in a rerun)
+    import i2d2.recipes.cmp as rec
+    from i2d2.models import tiny_model
+
+    def warm_started(name):  # a tiny model with a part drawn from the caller's RNG state, as a warm start leaves it
+        fresh = torch.randn(8)
+        model, tok = tiny_model("t5")  # (seeds itself)
+        with torch.no_grad():
+            model.lm_head.weight[0, :8] = fresh
+        return model, tok
+
+    seen = []
+
+    def fake_eval(model, *a, **k):
+        seen.append(model.lm_head.weight.detach().clone())
+        return {"em": 0.0, "f1": 0.0, "n": 1}, [{"template": "t", "question": "q", "answer": "a", "prediction": "b"}]
+
+    class Tracker:
+        def log_metrics(self, *a, **k):
+            pass
+
+        log_table = log_metrics
+
+    monkeypatch.setattr(rec, "load_seq2seq", warm_started)
+    monkeypatch.setattr(rec, "evaluate_synthetic_qa", fake_eval)
+    cfg = _cmp_cfg(tmp_path, "task.eval.compare_base=true")
+    splits, summaries = _cmp_inputs(cfg)
+    bases = []
+    for state in (1, 2):
+        torch.manual_seed(state)
+        seen.clear()
+        rec.zero_shot_eval(cfg, splits, summaries, tmp_path / "model", tmp_path / f"eval{state}", Tracker())
+        bases.append(seen[0])  # base first, then pretrained
+    assert torch.equal(bases[0], bases[1])
+    # the downstream zero-shot base is the same model
+    seen.clear()
+    monkeypatch.setattr(rec, "run_downstream", lambda loader, *a, **k: seen.append(loader()[0].lm_head.weight) or
+                        {"metrics": {}, "model": "base"})
+    rec.downstream(_cmp_cfg(tmp_path, "task.downstream.models=[base]", "task.downstream.datasets=[hotpotqa]"),
+                   tmp_path / "model", tmp_path / "ds", Tracker())
+    assert torch.equal(seen[0], bases[0])
+
+
+# ----------------------------------------------------------------------------- NegVerse
+
+
+def _nv_cfg(tmp_path, *overrides):
+    pairs = tmp_path / "pairs.tsv"
+    if not pairs.exists():
+        pairs.write_text("She likes apples.\tShe doesn't like apples.\tverbal\n"
+                         "Everyone came.\tNobody came.\tnon_verbal\n"
+                         "The child was happy.\tThe child was unhappy.\taffixal\n"
+                         "He reads books.\tHe never reads books.\tverbal\n")
+    ev = tmp_path / "eval.txt"
+    if not ev.exists():
+        ev.write_text("The dog is hungry.\n")
+    return _cfg("task=negverse", "model=tiny_gpt2", "logger=none", f"run_dir={tmp_path / 'run'}", f"data.pairs={pairs}",
+                "data.use_rules=false", f"data.eval_sentences={ev}", "task.prompt.num_virtual_tokens=2",
+                "task.train.val_fraction=0.3", "task.train.batch_size=2",
+                "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false", *overrides)
+
+
+def test_negverse_empty_eval_file_is_refused_before_training(tmp_path):
+    # it was found only after training, as a traceback not naming the file: "negate: no sentences to negate"
+    from i2d2.recipes.negverse import check_config
+
+    check_config(_nv_cfg(tmp_path))
+    (tmp_path / "eval.txt").write_text("# to do\n\n")
+    with pytest.raises(ConfigError, match=r"data.eval_sentences: .*eval.txt holds no sentences"):
+        check_config(_nv_cfg(tmp_path))
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        check_config(_nv_cfg(tmp_path, f"data.eval_sentences={tmp_path / 'missing.txt'}"))
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    from i2d2.models import load_spacy
+
+    return load_spacy("packaged:spacy-sm")
+
+
+def test_negverse_no_training_examples_names_the_pairs_file(tmp_path, nlp):
+    # was "no training example fits max_length; raise task.train.max_length" from the training stage
+    from i2d2.io import DataError
+    from i2d2.recipes.negverse import data_stage
+
+    (tmp_path / "pairs.tsv").write_text("# nothing yet\n")
+    with pytest.raises(DataError, match=r"pairs.tsv: no training examples \(0 pair"):
+        data_stage(_nv_cfg(tmp_path), nlp, tmp_path / "data")
+
+
+def test_negverse_epoch_schedule_counts_optimizer_steps(tmp_path, nlp, monkeypatch):
+    # with gradient accumulation the cosine schedule's length was the number of batches, twice the optimiser steps
+    # here, so the learning rate never decayed past the middle of its schedule
+    import trainers.negverse as tn
+    from i2d2.recipes.negverse import data_stage, train_stage
+
+    totals = []
+
+    class Module(tn.NegVerseModule):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            totals.append(k["total_steps"])
+
+    monkeypatch.setattr(tn, "NegVerseModule", Module)
+    cfg = _nv_cfg(tmp_path, "task.train.max_steps=-1", "task.train.epochs=2", "trainer.accumulate_grad_batches=2")
+    data_stage(cfg, nlp, tmp_path / "data")
+    out = train_stage(cfg, tmp_path / "data", tmp_path / "train", None)
+    assert out["steps"] >= 2 and totals == [out["steps"]]
