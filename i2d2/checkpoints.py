@@ -14,7 +14,8 @@ Every Lightning checkpoint goes through :class:`VerifiedCheckpointIO` (installed
   which one was used and why.
 
 A checkpoint without a record (written before this existed) is accepted when its zip structure and CRCs are
-sound. DeepSpeed checkpoints (directories) are checked by ``lightning_setup.resume_checkpoint`` instead.
+sound. DeepSpeed checkpoints (directories) are checked by ``lightning_setup.resume_checkpoint`` instead, with
+:func:`deepspeed_problem`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,39 @@ def problem(path: str | os.PathLike) -> str | None:
     return f"CRC error in {bad}" if bad else None
 
 
+def deepspeed_problem(path: str | os.PathLike) -> str | None:
+    """Why the DeepSpeed checkpoint directory ``path`` cannot be trusted, or None when it looks intact.
+
+    Lightning saves under one fixed tag (``checkpoint``), so DeepSpeed rewrites the same files in place on every save
+    and ``latest`` stays from the previous one: a kill during a save leaves ``latest`` beside a half-written file.
+    So ``latest`` must name a folder in it whose ``.pt`` files are all sound torch zips (CRCs checked)."""
+    path = Path(path)
+    try:
+        tag = (path / "latest").read_text().strip()
+    except OSError as e:
+        return f"its 'latest' file cannot be read ({e})"
+    if not tag or not (path / tag).is_dir():
+        return f"'latest' names {tag!r}, which is not a folder in it"
+    for f in sorted((path / tag).rglob("*.pt")):
+        why = problem(f)
+        if why is not None:
+            return f"{f.relative_to(path)}: {why}"
+    return None
+
+
+def quarantine_dir(path: str | os.PathLike, why: str) -> None:
+    """Move a damaged DeepSpeed checkpoint directory aside (``*.damaged``, an older one there replaced)."""
+    import shutil
+
+    path = Path(path)
+    shutil.rmtree(f"{path}{DAMAGED}", ignore_errors=True)
+    try:
+        os.replace(path, f"{path}{DAMAGED}")
+    except FileNotFoundError:  # another rank moved it already
+        return
+    log.warning("checkpoint %s is damaged (%s): moved aside to %s%s", path, why, path.name, DAMAGED)
+
+
 def verify(path: str | os.PathLike) -> None:
     """Raise DataError naming ``path`` when the checkpoint is not intact."""
     why = problem(path)
@@ -141,9 +175,11 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             if path.exists():  # keep the last good one until the new one is in place
-                os.replace(path, previous_path(path))
+                # its record first: a kill between the two renames leaves it unrecorded (checked by its CRCs), where
+                # the other order left it under the record of the one before, so it was quarantined as damaged
                 if record_path(path).exists():
                     os.replace(record_path(path), record_path(previous_path(path)))
+                os.replace(path, previous_path(path))
             write_json(record_path(path), record)  # before the rename: an existing file always has its record
 
     def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only=None):

@@ -150,7 +150,7 @@ def _remove_stale_siblings(path: Path) -> None:
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")  # what every reader decodes (text_lines), whatever the locale
     return Path(path)
 
 
@@ -159,7 +159,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False, default=_json_default) + "\n")
     return Path(path)
@@ -260,7 +260,7 @@ def read_csv(path: str | os.PathLike, required: Iterable[str] = ()) -> list[dict
 
 def write_csv(path: str | os.PathLike, rows: list[dict], columns: list[str] | None = None) -> Path:
     columns = columns or (list(rows[0]) if rows else [])
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
@@ -327,7 +327,7 @@ def stage_done(out_dir: str | os.PathLike, fp: str) -> dict | None:
     damaged = _changed_outputs(out_dir, info.get("outputs") or {})
     if damaged:
         log.warning("stage output %s changed since the stage finished (%s): removing %s to redo the stage",
-                    out_dir / damaged[0][0], damaged[0][1], out_dir)
+                    os.path.normpath(out_dir / damaged[0][0]), damaged[0][1], out_dir)
         shutil.rmtree(out_dir)
         return None
     return info.get("summary", {})
@@ -357,11 +357,18 @@ def _changed_outputs(out_dir: Path, recorded: dict) -> list[tuple[str, str]]:
     return changed
 
 
-def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None) -> None:
+def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None,
+              outside: Iterable[str | os.PathLike] = ()) -> None:
     """The _DONE marker: fingerprint, summary, and size + SHA-256 of every file the stage wrote (checked by
-    ``stage_done`` before a finished stage is reused)."""
+    ``stage_done`` before a finished stage is reused). ``outside``: what it wrote outside ``out_dir``
+    (``iter_k/model``), recorded relative to ``out_dir`` (``../model/...``: the run folder can move), so that a
+    damaged model makes the stage be redone too."""
     out_dir = Path(out_dir)
-    outputs = {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for rel, p in _output_files(out_dir)}
+    files = list(_output_files(out_dir))
+    for extra in map(Path, outside):
+        found = _output_files(extra) if extra.is_dir() else [("", extra)] if extra.is_file() else []
+        files += [(Path(os.path.relpath(p, out_dir)).as_posix(), p) for _, p in found]
+    outputs = {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for rel, p in files}
     write_json(out_dir / DONE, {"fingerprint": fp, "summary": summary or {}, "outputs": outputs})
 
 
@@ -384,7 +391,7 @@ def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | N
     fault_point(f"stage:{name or out_dir.name}")
     summary = fn(out_dir) or {}
     fault_point(f"done:{name or out_dir.name}")
-    mark_done(out_dir, fp, summary)
+    mark_done(out_dir, fp, summary, outputs)
     # the summary as the marker holds it (keys sorted, numbers as JSON has them): what a rerun that finds the
     # stage finished gets, so a report built from it is the same bytes whether the stage ran now or before
     return json.loads(json.dumps(summary, sort_keys=True, default=str))
@@ -647,7 +654,7 @@ def read_table(path: str | os.PathLike, columns: list[str] | None = None):
 
 def export_jsonl(path: str | os.PathLike, ds, batch_size: int = 10_000) -> Path:
     """A table as human-readable JSONL (atomically), streamed in batches."""
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for batch in ds.iter(batch_size=batch_size):
             cols = list(batch)
             for vals in zip(*(batch[c] for c in cols)):

@@ -51,12 +51,39 @@ def build_logger(cfg_logger, config: DictConfig | None = None):
     loggers = []
     for item in _logger_cfgs(cfg_logger):
         artifacts = bool(item.pop(ARTIFACTS_KEY, False))
+        if str(item["_target_"]).endswith("WandbLogger") and not (item.get("id") or item.get("version")):
+            item["id"] = _wandb_run_id(item)
         logger = hydra.utils.instantiate(item)
         logger._i2d2_artifacts = artifacts
         loggers.append(logger)
     if config is not None:
         log_config(loggers, config)
     return None if not loggers else loggers[0] if len(loggers) == 1 else loggers
+
+
+def _wandb_run_id(item: dict) -> str | None:
+    """The W&B run id of this run name in this run folder, kept in ``<save_dir>/wandb/<name>.run_id``: a rerun after
+    a kill continues the same W&B run (WandbLogger resumes with ``resume="allow"``) instead of opening a second one
+    with a new random id. The first writer wins (``os.link`` never replaces), so every rank reads the same id."""
+    import os
+    import re
+    import uuid
+
+    if not item.get("save_dir"):
+        return None
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", str(item.get("name") or "run"))
+    path = Path(item["save_dir"]) / "wandb" / f"{name}.run_id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_text(uuid.uuid4().hex[:8])
+        try:
+            os.link(tmp, path)  # complete or absent, never replaced
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
 
 
 def as_list(logger) -> list:

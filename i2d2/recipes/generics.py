@@ -282,7 +282,7 @@ def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None
     summary = fn(out_dir) or {}
     _barrier(ranks)
     if ranks.zero:
-        mark_done(out_dir, fp, summary)
+        mark_done(out_dir, fp, summary, outputs)
     _barrier(ranks)
     return stage_done(out_dir, fp) or summary  # rank 0's summary on every rank
 
