@@ -349,9 +349,10 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     if below_floor:
         log.warning("!!! CRITIC BELOW THE SURFACE FLOOR: %s. See %s.", below_floor, out_dir / "metrics.json")
     log.info("critic: test AP %.3f (surface floor %s, LM perplexity %s) on %d statements / %d concepts; δ=%.3f from %s "
-             "-> test precision %s recall %s (%d kept); probe shift %s (%s on pairs it reads as two texts), probe AP %s", ap, _f(surface["surface_ap"]),
-             _f(ap_ppl), len(test_idx), len(split_concepts["test"]), delta, delta_from, _f(precision), _f(recall), n_kept,
-             _f(probes.get("probe_shift")), _f(probes.get("probe_shift_read")), _f(probes.get("probe_ap")))
+             "-> test precision %s recall %s (%d kept); probe shift %s (%s on pairs it reads as two texts), probe AP %s",
+             ap, _f(surface["surface_ap"]), _f(ap_ppl), len(test_idx), len(split_concepts["test"]), delta, delta_from,
+             _f(precision), _f(recall), n_kept, _f(probes.get("probe_shift")), _f(probes.get("probe_shift_read")),
+             _f(probes.get("probe_ap")))
     return summary
 
 

@@ -15,7 +15,7 @@ Every Lightning checkpoint goes through :class:`VerifiedCheckpointIO` (installed
 
 A checkpoint without a record (written before this existed) is accepted when its zip structure and CRCs are
 sound. DeepSpeed checkpoints (directories) are checked by ``lightning_setup.resume_checkpoint`` instead, with
-:func:`deepspeed_problem`.
+:func:`deepspeed_problem` (and moved aside by :func:`quarantine`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import hashlib
 import io
 import logging
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -103,19 +104,6 @@ def deepspeed_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def quarantine_dir(path: str | os.PathLike, why: str) -> None:
-    """Move a damaged DeepSpeed checkpoint directory aside (``*.damaged``, an older one there replaced)."""
-    import shutil
-
-    path = Path(path)
-    shutil.rmtree(f"{path}{DAMAGED}", ignore_errors=True)
-    try:
-        os.replace(path, f"{path}{DAMAGED}")
-    except FileNotFoundError:  # another rank moved it already
-        return
-    log.warning("checkpoint %s is damaged (%s): moved aside to %s%s", path, why, path.name, DAMAGED)
-
-
 def verify(path: str | os.PathLike) -> None:
     """Raise DataError naming ``path`` when the checkpoint is not intact."""
     why = problem(path)
@@ -123,7 +111,11 @@ def verify(path: str | os.PathLike) -> None:
         raise DataError(f"{path}: damaged checkpoint: {why}")
 
 
-def _quarantine(path: Path, why: str) -> None:
+def quarantine(path: str | os.PathLike, why: str) -> None:
+    """Move a damaged checkpoint (a file and its record, or a DeepSpeed directory) aside as ``*.damaged``."""
+    path = Path(path)
+    if path.is_dir():  # os.replace cannot replace a directory moved aside earlier
+        shutil.rmtree(f"{path}{DAMAGED}", ignore_errors=True)
     # every rank of a DDP fit picks its resume point: another rank may have moved the file (or its record) already
     try:
         os.replace(path, f"{path}{DAMAGED}")
@@ -149,7 +141,7 @@ def pick_resume(path: str | os.PathLike) -> str | None:
             if cand != path:
                 log.warning("resuming from the previous checkpoint %s (the newest one was damaged or missing)", cand)
             return str(cand)
-        _quarantine(cand, why)
+        quarantine(cand, why)
     if any(Path(f"{c}{DAMAGED}").exists() for c in (path, previous_path(path))):
         log.warning("no intact checkpoint left in %s: this training restarts from the beginning", path.parent)
     return None

@@ -244,11 +244,11 @@ def resume_checkpoint(path: str | os.PathLike, trainer) -> str | None:
         if not is_deepspeed_checkpoint(path):
             log.warning("%s is an incomplete DeepSpeed checkpoint (no 'latest' file): starting afresh", path)
             return None
-        from i2d2.checkpoints import deepspeed_problem, quarantine_dir
+        from i2d2.checkpoints import deepspeed_problem, quarantine
 
         why = deepspeed_problem(path)  # a kill during a later save leaves 'latest' beside a half-written file
         if why is not None:
-            quarantine_dir(path, why)
+            quarantine(path, why)
             log.warning("no intact checkpoint left in %s: this training restarts from the beginning", path.parent)
             return None
         return str(path)

@@ -10,6 +10,9 @@ import torch
 from tqdm.auto import tqdm
 
 
+UNITS = ("word", "token")  # what a perplexity is normalised by (per=)
+
+
 @torch.no_grad()
 def sequence_nll(model, tokenizer, texts: list[str], batch_size: int = 16, prefixes: list[str] | None = None,
                  progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -52,8 +55,8 @@ def sequence_nll(model, tokenizer, texts: list[str], batch_size: int = 16, prefi
 def perplexity(model, tokenizer, texts: list[str], batch_size: int = 16, per: str = "word",
                prefixes: list[str] | None = None, progress: bool = False) -> np.ndarray:
     """exp(NLL / n) with n = tokens (``per='token'``) or whitespace words (``per='word'``, I2D2's unit)."""
-    if per not in ("word", "token"):  # anything else was silently per word
-        raise ValueError(f"perplexity per must be 'word' or 'token', got {per!r}")
+    if per not in UNITS:  # anything else was silently per word
+        raise ValueError(f"perplexity per must be one of {'|'.join(UNITS)}, got {per!r}")
     nll, ntok = sequence_nll(model, tokenizer, texts, batch_size, prefixes, progress)
     if per == "token":
         n = np.maximum(ntok, 1)

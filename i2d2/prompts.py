@@ -320,9 +320,11 @@ def check_prompt_config(cfg_data) -> None:
     mode = _get(cfg_data, "related_prompts", "both")
     if mode not in ("both", "related", "none"):
         raise ValueError(f"data.related_prompts must be both|related|none, got {mode!r}")
+    from i2d2.perplexity import UNITS
+
     per = _get(_get(cfg_data, "perplexity", {}), "per", "word")
-    if per not in ("word", "token"):
-        raise ValueError(f"data.perplexity.per must be word or token, got {per!r}")
+    if per not in UNITS:
+        raise ValueError(f"data.perplexity.per must be one of {'|'.join(UNITS)}, got {per!r}")
 
 
 def heldout_keys(cfg_heldout) -> set[str]:

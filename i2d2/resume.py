@@ -68,20 +68,22 @@ class EpochMeanLoss:
         """The mean over every rank's batches: each rank sees its own share of the epoch (Lightning's sync_dist
         would average the ranks' means, weighting a short last batch as a full one). A collective: every rank
         calls it, whatever its own count."""
-        both = torch.stack([self.sum.double(), torch.tensor(float(self.n), dtype=torch.float64, device=self.sum.device)])
-        both = strategy.reduce(both, reduce_op="sum")  # a new tensor: the running sum is left as it is
+        both = strategy.reduce(self._sum_and_count(self.sum.device), reduce_op="sum")  # the running sum is left as it is
         return both[0] / both[1]
+
+    def _sum_and_count(self, device) -> torch.Tensor:
+        # float64: a float32 sum round-trips exactly, and a count is exact far beyond any epoch
+        return torch.stack([self.sum.detach().double().to(device),
+                            torch.tensor(float(self.n), dtype=torch.float64, device=device)])
 
     def state_dict(self) -> dict:
         return {"sum": self.sum.detach().cpu(), "n": self.n}
 
     def checkpoint_state(self, module) -> dict:
         """What a checkpoint carries. Rank 0 writes it and every rank resumes from it, so it holds each rank's sum
-        and count (``per_rank``, in float64: a float32 sum round-trips exactly) for a resumed rank to take its own.
+        and count (``per_rank``) for a resumed rank to take its own.
         A collective (Lightning's dump_checkpoint, which calls on_save_checkpoint, runs on every rank)."""
-        both = torch.stack([self.sum.detach().double().to(module.device),
-                            torch.tensor(float(self.n), dtype=torch.float64, device=module.device)])
-        return {**self.state_dict(), "per_rank": module.all_gather(both).reshape(-1, 2).cpu()}
+        return {**self.state_dict(), "per_rank": module.all_gather(self._sum_and_count(module.device)).reshape(-1, 2).cpu()}
 
     def load_state_dict(self, state: dict, rank: int = 0, world_size: int = 1) -> None:
         per = state.get("per_rank")

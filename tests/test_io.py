@@ -258,7 +258,7 @@ def test_every_rank_picks_the_same_resume_point_when_another_moved_the_damaged_f
     def problem_while_another_rank_quarantines(path):
         why = real_problem(path)
         if why is not None and Path(path) == last:
-            checkpoints._quarantine(last, why)  # the other rank, between this rank's check and its rename
+            checkpoints.quarantine(last, why)  # the other rank, between this rank's check and its rename
         return why
 
     monkeypatch.setattr(checkpoints, "problem", problem_while_another_rank_quarantines)
