@@ -35,6 +35,8 @@ def dedupe_key(text: str) -> str:
 # quantifiers ("always", "some") and the deontic should/must, which change the claim.
 _FILLER = frozenset("a an the generally typically usually can could may might will would is are am be been being was "
                     "were etc".split())
+# singular verb forms too short or irregular for singular_noun ("a tree has" / "trees have")
+_AGREEMENT = {"has": "have", "does": "do"}
 _NEGATIONS = frozenset("not no never cannot nothing none nor neither".split())
 _NT = re.compile(r"n[’']t\b")
 
@@ -48,7 +50,18 @@ def _inflect():
 
 @functools.lru_cache(maxsize=100_000)
 def _singular(word: str) -> str:
-    return (_inflect().singular_noun(word) or word) if len(word) > 3 else word
+    """inflect's singular of a plural noun.  inflect strips the "s" of any word ending in one ("gas" -> "ga",
+    "lens" -> "len", "bus" -> "bu") while "gases" -> "gas": the two would never meet.  A bare strip whose result is
+    far rarer than the word itself (wordfreq) is a singular noun already and stays as it is."""
+    if len(word) <= 3:
+        return word
+    single = _inflect().singular_noun(word) or word
+    if single == word[:-1] and word.endswith("s"):
+        from wordfreq import zipf_frequency
+
+        if zipf_frequency(single, "en") < zipf_frequency(word, "en") - 0.5:
+            return word
+    return single
 
 
 def _words(text: str) -> list[str]:
@@ -61,7 +74,7 @@ def content_key(text: str) -> str:
     singular nouns meet; other words change the same way on both sides), in sorted order: statements that differ
     only in word order ("wood, metal, plastic" / "wood, plastic, metal"), article, number, possibility modal or
     leading adverb get the same key."""
-    return " ".join(sorted(_singular(w) for w in _words(text) if w not in _FILLER))
+    return " ".join(sorted(_singular(_AGREEMENT.get(w, w)) for w in _words(text) if w not in _FILLER))
 
 
 def frame_key(text: str, concept: str) -> str:

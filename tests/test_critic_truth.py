@@ -202,6 +202,19 @@ def test_near_duplicates_ignore_word_order_article_number_and_modal_but_not_nega
     assert near_duplicates(["Cats are bigger than mice.", "Mice are bigger than cats."]).tolist() == [0, 1]
 
 
+def test_content_key_meets_singular_nouns_ending_in_s_and_verb_agreement():
+    from i2d2.filtering import content_key
+
+    # inflect strips the "s" of a singular noun ("gas" -> "ga") while "gases" -> "gas": the pairs never met
+    pairs = [("Gas is flammable.", "Gases are flammable."), ("A lens focuses light.", "Lenses focus light."),
+             ("A bus carries people.", "Buses carry people."), ("A virus causes disease.", "Viruses cause disease."),
+             ("A tree has leaves.", "Trees have leaves."), ("A cat doesn't bark.", "Cats do not bark.")]
+    for one, many in pairs:
+        assert content_key(one) == content_key(many), (one, many)
+    assert content_key("Gas is flammable.") == "flammable gas"
+    assert content_key("Knives cut bread.") == content_key("A knife cuts bread.") == "bread cut knife"
+
+
 # ----------------------------------------------------------------------------- prompt forms
 
 def test_prompt_forms_select_the_preferred_surface_form():
