@@ -303,3 +303,13 @@ def test_metrics(nlp):
     assert m["type_verbal"] == 0.5 and m["type_affixal"] == 0.5 and m["type_non_verbal"] == 0
     assert 0.7 < m["levenshtein_similarity"] < 1
     assert 0 < m["self_bleu_per_sentence"] < 1 and m["types_covered_per_sentence"] == 2
+
+
+def test_apostrophe_less_contractions_are_verbal_cues(detector, nlp):
+    # generations spell "dont" / "cant" / "isnt": spaCy splits them as do + nt (dep neg), which matched no cue
+    for text in ("Birds dont swim.", "Birds cant swim.", "He isnt here."):
+        cues = detector.detect(nlp(text))
+        assert [(c.text, c.type) for c in cues] == [("nt", "verbal")], text
+    assert detector.negation_type("Birds swim.", "Birds dont swim.") == "verbal"
+    assert detector.new_cues("Birds don't swim.", "Birds dont swim.") == []  # the same negation, respelt
+    assert detector.detect(nlp("The NT kernel boots.")) == []  # an "nt" that negates nothing

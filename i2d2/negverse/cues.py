@@ -148,6 +148,8 @@ class CueDetector:
             if t.i in taken:
                 continue
             low = t.lower_.replace("’", "'")
+            if low == "nt" and t.dep_ == "neg" and t.i > 0 and not doc[t.i - 1].whitespace_:
+                low = "n't"  # "dont", "cant", "isnt": spaCy splits the apostrophe-less contraction as do + nt
             if low in self.verbal:
                 # the parse decides: negating a verb/auxiliary is verbal, 'not' on a noun phrase is not
                 kind = "verbal" if (t.head.pos_ in ("VERB", "AUX") or t.dep_ == "neg" or t.head.i == t.i) \
@@ -179,7 +181,7 @@ class CueDetector:
         """What a cue counts as when original and candidate are compared: "isn’t" -> "isn't" -> "is not" keep the
         same negation, so n't / n’t / not / cannot are one cue."""
         low = cue.text.lower().replace("’", "'")
-        return "not" if low in self.verbal else low
+        return "not" if low in self.verbal or (cue.type == "verbal" and low == "nt") else low
 
     def negation_type(self, original, candidate) -> str | None:
         cues = self.new_cues(original, candidate)

@@ -136,7 +136,7 @@ def filter_cue(rows: list[dict], detector, nlp=None):
 
 _PRONOUN_CUES = {"none", "nothing", "nobody", "noone"}
 _ADVERB_CUES = {"never", "nowhere"}
-_NOT = {"not", "n't"}
+_NOT = {"not", "n't", "nt"}  # "nt": an apostrophe-less "dont" / "cant" as spaCy splits it
 _NOMINAL_MODIFIER_DEPS = {"det", "compound", "poss", "nummod", "amod"}
 _NOT_DEPS = {"neg", "advmod", "preconj", "cc", "conj"}
 _FINITE_TAGS = {"VBD", "VBZ", "VBP"}
