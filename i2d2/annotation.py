@@ -217,19 +217,28 @@ def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Map
     return out
 
 
+STORE_LOCK_TIMEOUT_S = 600  # how long an import waits for another import into the same labels store
+
+
 def merge_labels(store_path: str | Path, new_rows: Sequence[dict]) -> dict:
     """Merge labelled rows into the JSONL store, de-duplicated by statement (newer label wins); atomic."""
+    import filelock
+
     store_path = Path(store_path)
-    old = read_jsonl(store_path, required=("statement",)) if store_path.exists() else []  # file:line, not a KeyError
-    merged: dict[str, dict] = {normalize_statement(r["statement"]): r for r in old}
-    n_updated = 0
-    for r in new_rows:
-        key = normalize_statement(r["statement"])
-        if key in merged:
-            n_updated += 1
-            del merged[key]
-        merged[key] = r
-    write_jsonl(store_path, merged.values())
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    # a read-modify-write: two annotators importing at once would each write the store without the other's labels,
+    # so the second waits for the first (flock: released by the kernel if the holder dies)
+    with filelock.FileLock(store_path.parent / f".{store_path.name}.lock", timeout=STORE_LOCK_TIMEOUT_S):
+        old = read_jsonl(store_path, required=("statement",)) if store_path.exists() else []  # file:line, not KeyError
+        merged: dict[str, dict] = {normalize_statement(r["statement"]): r for r in old}
+        n_updated = 0
+        for r in new_rows:
+            key = normalize_statement(r["statement"])
+            if key in merged:
+                n_updated += 1
+                del merged[key]
+            merged[key] = r
+        write_jsonl(store_path, merged.values())
     stats = {"n_total": len(merged), "n_new": len(new_rows) - n_updated, "n_updated": n_updated}
     log.info("labels store %s: %s", store_path, stats)
     return stats

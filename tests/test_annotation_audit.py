@@ -157,3 +157,30 @@ def test_held_out_statements_skip_folders_that_are_not_iterations(tmp_path):
     write_jsonl(bak / "statements.jsonl", [{"statement": "Old.", "concept": "old"}])
     rows = heldout_statements(run)
     assert [r["iteration"] for r in rows] == [0, 0, 0, 1, 1, 1]
+
+
+def test_concurrent_imports_into_one_store_keep_both_annotators_labels(tmp_path):
+    import threading
+    import time
+
+    import filelock
+
+    from i2d2.annotation import merge_labels
+
+    store = tmp_path / "labels.jsonl"
+    merge_labels(store, [{"statement": "Birds can fly.", "concept": "bird", "label": "true"}])
+    # another import is between its read and its write: this one must wait, then merge over what that one wrote
+    other = filelock.FileLock(tmp_path / ".labels.jsonl.lock")
+    other.acquire()
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (merge_labels(
+        store, [{"statement": "Fish can swim.", "concept": "fish", "label": "true"}]), done.set()))
+    worker.start()
+    time.sleep(0.3)
+    assert not done.is_set()  # waiting for the lock, not writing a store that would drop the other's rows
+    rows = read_jsonl(store)
+    write_jsonl(store, rows + [{"statement": "Cats can bark.", "concept": "cat", "label": "false"}])
+    other.release()
+    worker.join(10)
+    assert done.is_set()
+    assert sorted(r["statement"] for r in read_jsonl(store)) == ["Birds can fly.", "Cats can bark.", "Fish can swim."]
