@@ -123,10 +123,12 @@ def _load(path: Path) -> dict:
 
 
 def _schema(group: str, recipe: str | None = None) -> dict:
-    """The union of the keys the shipped conf/<group>/*.yaml files define: for ``task``, :func:`_task_schema`;
-    for another group, the whole files plus what task files set in it."""
+    """The keys the shipped YAML files define for ``group``: for ``task``, :func:`_task_schema`; for ``data``,
+    :func:`_data_schema`; for another group, the whole files plus what task files set in it."""
     if group == "task":
         return _task_schema(recipe)
+    if group == "data":
+        return _data_schema(recipe)
     schema: dict = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         _merge(schema, {k: v for k, v in _load(path).items() if k != "defaults"})
@@ -135,19 +137,36 @@ def _schema(group: str, recipe: str | None = None) -> dict:
     return schema
 
 
-def _task_schema(recipe: str | None) -> dict:
-    """The task keys of ``recipe``: its task files' ``task:`` node, the option groups those files pick that are
-    packaged into the task node (``/cmp/pretrain`` -> ``# @package task.pretrain``), and the task sections of the
-    presets for those tasks (``experiment/paper_<x>.yaml`` with ``override /task: <x>``, ``experiment/smoke/<x>.yaml``).
-    Empty (nothing checked) for a recipe no shipped task file names."""
+def _task_files(recipe: str | None) -> list[dict]:
+    """The loaded conf/task/*.yaml files whose ``task.recipe`` is ``recipe``."""
+    raws = [_load(path) for path in sorted((CONF_DIR / "task").glob("*.yaml"))]
+    return [raw for raw in raws if (raw.get("task") or {}).get("recipe") == recipe]
+
+
+def _data_schema(recipe: str | None) -> dict:
+    """The data keys of ``recipe``: the conf/data file its task files pick (``override /data: cmp``) and their
+    ``data:`` nodes. Not the union of every data file: ``task=cmp +data.max_pairs=3`` (a comparatives key that
+    nothing in CMP reads) passed the check that way."""
     schema: dict = {}
-    names = []
-    for path in sorted((CONF_DIR / "task").glob("*.yaml")):
-        raw = _load(path)
+    for raw in _task_files(recipe):
+        for entry in raw.get("defaults") or []:
+            choice = entry.get("override /data") if isinstance(entry, dict) else None
+            if choice and (CONF_DIR / "data" / f"{choice}.yaml").exists():
+                _merge(schema, {k: v for k, v in _load(CONF_DIR / "data" / f"{choice}.yaml").items()
+                                if k != "defaults"})
+        _merge(schema, raw.get("data") or {})
+    return schema
+
+
+def _task_schema(recipe: str | None) -> dict:
+    """The task keys of ``recipe``: its task files' ``task:`` node and the option groups those files pick that are
+    packaged into the task node (``/cmp/pretrain`` -> ``# @package task.pretrain``). Empty (nothing checked) for a
+    recipe no shipped task file names. The presets (conf/experiment) are not part of it: they are checked against
+    it like any other override, so a misspelt key in a preset, a user's own included, is refused rather than
+    becoming a known key (``task.mix.summ`` in a user's experiment file passed that way)."""
+    schema: dict = {}
+    for raw in _task_files(recipe):
         node = raw.get("task") or {}
-        if node.get("recipe") != recipe:
-            continue
-        names.append(path.stem)
         _merge(schema, {k: v for k, v in node.items() if k != "defaults"})
         for entry in raw.get("defaults") or []:
             for key in entry if isinstance(entry, dict) else ():
@@ -159,15 +178,6 @@ def _task_schema(recipe: str | None) -> dict:
                         for part in reversed(head[len("# @package "):].split(".")[1:]):
                             sub = {part: sub}
                         _merge(schema, sub, keep_free=True)
-    presets = [CONF_DIR / "experiment" / "smoke" / f"{n}.yaml" for n in names]
-    for path in sorted((CONF_DIR / "experiment").glob("*.yaml")):
-        picks = [e for e in _load(path).get("defaults") or [] if isinstance(e, dict)]
-        if any(e.get("override /task") in names for e in picks):
-            presets.append(path)
-    for path in presets:
-        if path.exists():
-            _merge(schema, {k: v for k, v in (_load(path).get("task") or {}).items() if k not in ("name", "recipe")},
-                   keep_free=True)
     return schema
 
 
@@ -229,7 +239,7 @@ def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> 
 
 # sections without a structured config (i2d2/schemas.py types the others at composition): the whole task node,
 # against the shipped task files of the same recipe (typed sub-sections there are empty, hence free-form), and the
-# data node against every shipped data file (the tasks' data files share no key, so their union is sound)
+# data node against the data file those task files pick
 CHECKED_SECTIONS = ("task", "data")
 
 
@@ -260,8 +270,7 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
     Sections typed by a structured config (i2d2/schemas.py) are checked against their dataclass (Hydra refuses a
     misspelt override; this catches ``+key=`` additions too). The untyped ``sections`` are checked against the
     shipped YAML files (every key a stage reads has a documented default there): ``task`` against
-    :func:`_task_schema` of its ``task.recipe``, ``data`` against conf/data/*.yaml and the task files' ``data:``
-    nodes (both skipped for a recipe no shipped file names: its own code reads them)."""
+    :func:`_task_schema` of its ``task.recipe``, ``data`` against :func:`_data_schema` of it (both skipped for a recipe no shipped file names: its own code reads them)."""
     recipe = OmegaConf.select(cfg, "task.recipe")
     bad, known, wrong = [], {}, []
     typed: dict = {}

@@ -171,6 +171,17 @@ class CriticConfig:
             raise ValueError(f"critic.probe_C: must be a non-empty list of numbers > 0, got {self.probe_C!r}")
         if not 0.0 <= float(self.min_agreement) < 1.0:
             raise ValueError(f"critic.min_agreement: must be in [0, 1), got {self.min_agreement!r}")
+        # each reached its fit only after generation: a negative lr trained the critic uphill, a dropout above 1
+        # failed building the body
+        if not float(self.lr) > 0:
+            raise ValueError(f"critic.lr: must be > 0, got {self.lr!r}")
+        for k in ("weight_decay", "patience"):
+            if float(getattr(self, k)) < 0:
+                raise ValueError(f"critic.{k}: must be >= 0, got {getattr(self, k)!r}")
+        for k in ("warmup_ratio", "dropout"):
+            v = getattr(self, k)
+            if v is not None and not 0.0 <= float(v) < 1.0:
+                raise ValueError(f"critic.{k}: must be in [0, 1), got {v!r}")
         for k in ("batch_size", "eval_batch_size", "perplexity_batch_size", "max_length", "max_epochs", "min_examples"):
             if not is_count(getattr(self, k)):
                 raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")

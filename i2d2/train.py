@@ -33,6 +33,8 @@ def check_start(cfg: DictConfig) -> None:
     from i2d2.models import check_model_name
 
     config.check_keys(cfg)
+    # read by setup_run's seed_everything, after the run_dir lock: seed=abc was a traceback there
+    config.need(config.is_int(cfg.get("seed")), "seed", f"must be an integer, got {cfg.get('seed')!r}")
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():

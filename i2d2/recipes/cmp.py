@@ -21,6 +21,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from i2d2.config import ConfigError
 from i2d2.lightning_setup import plain as _container  # config node -> plain dicts/lists
 from i2d2.cmp.data import BUNDLED, Quintuple, load_quintuples, split_leaks, split_quintuples
 from i2d2.recipes.cmp_runners import evaluate_synthetic_qa, run_downstream
@@ -53,6 +54,30 @@ def check_config(cfg) -> None:
     need(is_num(lam) and lam > 0, "task.infilling.poisson_lambda", f"must be > 0 (mean span length), got {lam!r}")
     seg = cfg.task.segment_sentences  # 0 divided by zero in cut_documents; < 0 cut documents at random places
     need(is_int(seg) and seg >= 1, "task.segment_sentences", f"must be an integer >= 1, got {seg!r}")
+    check_tasks(cfg.task)
+    # a weight that names no task was never read (a misspelt one left its task at the default weight, 1);
+    # a weight <= 0 failed in pre-training, after the textualize stage
+    mix = _container(cfg.task.get("mix")) or {}
+    need(isinstance(mix, dict), "task.mix", f"must be a map of task -> weight, got {mix!r}")
+    for name, w in mix.items():
+        need(name in TASKS, f"task.mix.{name}", f"not a CMP task (those: {list(TASKS)})")
+        need(is_num(w) and w > 0, f"task.mix.{name}", f"must be a number > 0, got {w!r}")
+    limit = cfg.task.eval.get("limit")  # -1 evaluated every test quintuple but the last (held_out[:-1])
+    need(limit is None or (is_int(limit) and limit >= 1), "task.eval.limit",
+         f"must be null (every test quintuple) or an integer >= 1, got {limit!r}")
+    if cfg.task.downstream.datasets:  # checked in the run before, after the lock and the tracker had started
+        need_counts(cfg, "task.downstream.finetune.steps", "task.downstream.finetune.eval_every")
+        try:
+            check_downstream_settings(cfg)
+        except (KeyError, ValueError, OSError) as e:
+            raise ConfigError(e.args[0] if isinstance(e, KeyError) else str(e)) from None
+
+
+def check_tasks(t) -> None:
+    """task.tasks: a non-empty list of the Table 2 tasks."""
+    bad = [x for x in t.tasks if x not in TASKS]
+    if bad or not t.tasks:
+        raise ConfigError(f"task.tasks: must be a non-empty subset of {list(TASKS)}, got {list(t.tasks)}")
 
 
 def resolve_path(p: str | None) -> Path | None:
@@ -230,9 +255,18 @@ def check_downstream_settings(cfg: DictConfig) -> None:
     from i2d2.recipes.cmp_runners import dev_and_pool, shot_count
 
     d = cfg.task.downstream
+    bad = [m for m in d.models if m not in ("base", "pretrained")]
+    if bad:
+        raise ValueError(f"task.downstream.models: {bad} not base or pretrained")
+    bad = [k for k in d.shots if str(k) != "full" and not (isinstance(k, int) and k >= 0)]
+    if bad:  # a negative k trained on all of the pool but the last k items
+        raise ValueError(f"task.downstream.shots: {bad} not 0 (zero-shot), a number of items >= 1 or full")
+    tuned = [k for k in d.shots if str(k) != "0"]
+    if tuned and not (d.seeds and d.lr_grid):
+        raise ValueError("task.downstream.seeds and task.downstream.lr_grid must not be empty (fine-tuned shots "
+                         f"{list(tuned)})")
     for key in d.datasets:
         ds = downstream_dataset(cfg, key)
-        tuned = [k for k in d.shots if str(k) != "0"]
         if tuned:
             task = ds.get("task") or "qa"
             _, pool, _ = dev_and_pool(ds, task, int(d.finetune.get("dev_size", 100)))
@@ -390,9 +424,7 @@ def pretrain_fingerprint(cfg: DictConfig, fp_text: str, split_info: dict) -> str
 
 def run(cfg: DictConfig) -> dict:
     t = cfg.task
-    bad = [x for x in t.tasks if x not in TASKS]
-    if bad or not t.tasks:
-        raise ValueError(f"task.tasks must be a non-empty subset of {list(TASKS)}, got {list(t.tasks)}")
+    check_tasks(t)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

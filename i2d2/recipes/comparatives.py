@@ -114,6 +114,13 @@ def check_config(cfg) -> None:
     for key in ("min_entities", "wikidata.max_depth"):
         v = OmegaConf.select(data, key)
         need(is_int(v) and v >= 0, f"data.{key}", f"must be an integer >= 0, got {v!r}")
+    for key in ("max_pairs", "max_pairs_per_class"):  # -1 failed in pandas' sample after the perplexity stage
+        v = data.get(key)
+        need(v is None or (is_int(v) and v >= 1), f"data.{key}", f"must be null (all) or an integer >= 1, got {v!r}")
+    con = task.filters.contradiction
+    for key in ("contradiction_threshold", "entailment_threshold"):  # probabilities: above 1 flags nothing, silently
+        need(is_num(con[key]) and 0 <= con[key] <= 1, f"task.filters.contradiction.{key}",
+             f"must be a probability in [0, 1], got {con[key]!r}")
     try:  # the entity classes: a missing, empty or malformed file named with its line now, not after the LM loads
         load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
                      int(data.wikidata.max_depth))

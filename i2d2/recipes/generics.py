@@ -158,7 +158,14 @@ def check_config(cfg: DictConfig) -> None:
     need(ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.lr!r}")
     for key in ("epochs", "batch_size", "accumulate_grad_batches", "max_length", "ckpt_every_n_steps"):
         need(ft[key] >= 1, f"task.finetune.{key}", f"must be >= 1, got {ft[key]!r}")
+    # max_steps=0 is Lightning's "no step": P_{k+1} was saved as P_k, unchanged, as if fine-tuned
+    need(ft.max_steps == -1 or ft.max_steps >= 1, "task.finetune.max_steps",
+         f"must be -1 (no cap) or an integer >= 1, got {ft.max_steps!r}")
+    need(0 <= ft.warmup_ratio < 1, "task.finetune.warmup_ratio", f"must be in [0, 1), got {ft.warmup_ratio!r}")
+    need(ft.weight_decay >= 0, "task.finetune.weight_decay", f"must be >= 0, got {ft.weight_decay!r}")
     need(not ft.lora.enabled or ft.lora.r >= 1, "task.finetune.lora.r", f"must be >= 1, got {ft.lora.r!r}")
+    need(not ft.lora.enabled or 0 <= ft.lora.dropout < 1, "task.finetune.lora.dropout",
+         f"must be in [0, 1), got {ft.lora.dropout!r}")
     try:
         DecodingConfig(**OmegaConf.to_container(cfg.decoding, resolve=True))
     except (TypeError, ValueError) as e:
@@ -167,6 +174,7 @@ def check_config(cfg: DictConfig) -> None:
         check_trainer_cfg(OmegaConf.to_container(cfg.trainer, resolve=True))
     except RuntimeError as e:
         raise ConfigError(str(e)) from None
+    check_strategy(OmegaConf.to_container(cfg.trainer, resolve=True))
 
 
 def model_dir(run_dir: str | Path, k: int) -> Path:
@@ -201,20 +209,29 @@ class Ranks:
         return self.rank == 0
 
 
+def check_strategy(tc: dict) -> None:
+    """A trainer config asking for several processes names a strategy the loop can launch ranks with (read by
+    ``check_config`` too: ``trainer.devices=[0,1]`` with the default ``strategy: auto`` was refused only here, once
+    the run had started)."""
+    from i2d2.lightning_setup import is_deepspeed, strategy_name, world_size_of
+
+    world, name = world_size_of(tc), strategy_name(tc)
+    if world > 1 and not (name in FORK_STRATEGIES or name.startswith("ddp") or is_deepspeed(tc)):
+        raise ConfigError(f"trainer.strategy={name!r} with {world} devices (trainer.devices={tc.get('devices')!r}): "
+                          "the loop supports ddp, ddp_fork, ddp_spawn and DeepSpeed strategies")
+
+
 def launch(cfg: DictConfig) -> Ranks:
     """Start the ranks a multi-device trainer config asks for (see the module docstring)."""
-    from i2d2.lightning_setup import is_deepspeed, strategy_name, world_size_of
+    from i2d2.lightning_setup import strategy_name, world_size_of
 
     tc = OmegaConf.to_container(cfg.trainer, resolve=True)
     world = world_size_of(tc)
     if world == 1:
         return Ranks()
-    name = strategy_name(tc)
-    if name in FORK_STRATEGIES:
+    check_strategy(tc)
+    if strategy_name(tc) in FORK_STRATEGIES:
         return Ranks(0, world, "fork")
-    if not (name.startswith("ddp") or is_deepspeed(tc)):
-        raise ConfigError(f"trainer.strategy={name!r} with {world} devices: the loop supports ddp, ddp_fork, "
-                          "ddp_spawn and DeepSpeed strategies")
     import torch.distributed as dist
     from lightning.fabric import Fabric
 
