@@ -32,18 +32,23 @@ def plot_pr_curves(curves: Mapping[str, tuple[Sequence[int], Sequence[float]]], 
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    aps = {}
+    aps, colors = {}, {}
     for name, (y, s) in curves.items():
         y, s = np.asarray(y), np.asarray(s, dtype=float)
         if len(set(y.tolist())) < 2:
             continue
         p, r, _ = precision_recall_curve(y, s)
         aps[name] = float(average_precision_score(y, s))
-        ax.step(r, p, where="post", label=f"{name} (AP={aps[name]:.3f})")
-    if curves:
-        y0 = np.asarray(next(iter(curves.values()))[0])
-        if len(y0):
-            ax.axhline(y0.mean(), color="grey", ls=":", lw=1, label=f"base rate ({y0.mean():.2f})")
+        colors[name] = ax.step(r, p, where="post", label=f"{name} (AP={aps[name]:.3f})")[0].get_color()
+    # the base rate is each curve's own (the iterations of a run are measured on different statements): one grey
+    # line when they agree, else one line per curve in its colour
+    rates = {name: float(np.mean(y)) for name, (y, _) in curves.items() if len(y)}
+    if len(set(rates.values())) == 1:
+        rate = next(iter(rates.values()))
+        ax.axhline(rate, color="grey", ls=":", lw=1, label=f"base rate ({rate:.2f})")
+    else:
+        for name, rate in rates.items():
+            ax.axhline(rate, color=colors.get(name, "grey"), ls=":", lw=1, label=f"base rate of {name} ({rate:.2f})")
     for label, (rec, prec) in (marks or {}).items():
         ax.plot([rec], [prec], "o", color="black")
         ax.annotate(label, (rec, prec), textcoords="offset points", xytext=(5, 5), fontsize=8)

@@ -17,12 +17,16 @@ from callbacks.plots import log_png, plot_pr_curves, plot_score_histogram
 class PRCurveCallback(L.Callback):
     def __init__(self, dirpath: str | Path, attr: str = "val_result", prefix: str = "val", name: str = "model",
                  every_n_epochs: int = 1, keep_all: bool = False):
+        if int(every_n_epochs) < 1:
+            raise ValueError(f"PRCurveCallback: every_n_epochs must be >= 1, got {every_n_epochs!r}")
         self.dirpath = Path(dirpath)
         self.attr, self.prefix, self.name = attr, prefix, name
         self.every_n_epochs, self.keep_all = every_n_epochs, keep_all
         self.last_paths: dict[str, Path] = {}
 
-    def on_validation_epoch_end(self, trainer, pl_module):
+    # on_validation_end, not on_validation_epoch_end: Lightning calls a callback's epoch-end hook before the module's,
+    # where the module stores this epoch's (labels, scores); read there, the plot showed the epoch before
+    def on_validation_end(self, trainer, pl_module):
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
         result = getattr(pl_module, self.attr, None)

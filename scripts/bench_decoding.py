@@ -290,6 +290,15 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true",
                     help="per setting: operator calls, CUDA kernels, host syncs and ms per decoding step")
     args = ap.parse_args(argv)
+    # checked before any model loads: --repeats 0 used to end in KeyError: 'plain' after the warm-up
+    for flag in ("batch", "beam", "max_new_tokens", "repeats"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if not 0 <= args.min_new_tokens <= args.max_new_tokens:
+        ap.error(f"--min-new-tokens must be between 0 and --max-new-tokens ({args.max_new_tokens}), "
+                 f"got {args.min_new_tokens}")
+    if not [m for m in args.models.split(",") if m] and not args.gemma:
+        ap.error("--models names no model (and no --gemma): nothing to benchmark")
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

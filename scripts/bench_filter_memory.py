@@ -75,7 +75,13 @@ def build(work: Path, n_rows: int, n_concepts: int, chunk: int = 50_000) -> None
             rows = synthetic_rows(start, min(chunk, n_rows - start), n_concepts, rng)
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
             write_arrow(gens / "table" / f"shard-{s:05d}.arrow", rows)
-    (gens / "rows.txt").write_text(str(n_rows))
+    # written last, so a killed build is redone; both sizes, so a table built for other --concepts is not reused
+    (gens / "built.json").write_text(json.dumps(built_for(n_rows, n_concepts)))
+
+
+def built_for(n_rows: int, n_concepts: int) -> dict:
+    """What ``build`` records of the table it built (``generations/built.json``)."""
+    return {"rows": n_rows, "concepts": n_concepts}
 
 
 def stand_in_scores(model_dir, texts, **_) -> np.ndarray:
@@ -127,7 +133,7 @@ def run_one(version: str, work: Path, num_proc: int | None, old_ref: str = OLD_R
     if version == "arrow":  # the critic scores every statement in a stage of its own (split over ranks), then filter
         generics.scores_stage(cfg, it_dir, critic, Ranks())
     summary = generics.filter_stage(cfg, 0, it_dir, critic, None, Ranks())
-    return {"version": version, "rows": int((work / "generations" / "rows.txt").read_text()),
+    return {"version": version, "rows": json.loads((work / "generations" / "built.json").read_text())["rows"],
             "seconds": round(time.time() - t0, 1), "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF)
                                                                       .ru_maxrss / 1024),
             "rss_before_filter_mb": round(rss0 / 1024), "n_kept": summary["n_kept"], "n_in": summary["n_in"]}
@@ -146,8 +152,8 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(run_one(args.child, args.work, args.num_proc, args.old_ref)))
         return 0
-    marker = args.work / "generations" / "rows.txt"
-    if not marker.exists() or marker.read_text() != str(args.rows):
+    marker = args.work / "generations" / "built.json"
+    if not marker.exists() or json.loads(marker.read_text()) != built_for(args.rows, args.concepts):
         shutil.rmtree(args.work, ignore_errors=True)
         t0 = time.time()
         build(args.work, args.rows, args.concepts)

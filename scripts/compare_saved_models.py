@@ -6,7 +6,8 @@ For every ``iter_<k>/model`` of the given run folders (same experiment, e.g. ``t
 here), whether every weight is finite, how far fine-tuning moved the weights from the starting model (``--start``;
 a save of the untrained model moves < 1e-3, bf16 rounding alone ~1e-4), and the largest weight and next-token
 log-probability difference against the same iteration of the first run folder (the reference). Exit status 1 when
-a model does not load, is incomplete, not finite or not trained, or a run folder has no saved model.
+a model does not load, is incomplete, not finite or not trained, or a run folder has no saved model (or none of an
+iteration that another run folder, or ``--iteration``, has).
 From iteration 1 on each run fine-tunes on its own generations, so across trainers compare ``--iteration 0``; runs
 of one trainer (a killed and resumed run against an uninterrupted one) compare at every iteration.
 
@@ -92,6 +93,12 @@ def main(argv=None) -> int:
     for r in missing:  # a failed run loses its own row, not the others'
         print(f"{str(r):28s} no iter_*/model: skipped")
     rows = compare([r for r in args.runs if r not in missing], args.start, args.iteration)
+    # a run that saved fewer iterations than the others (killed before its last one) has no row to fail there
+    expected = {r["iteration"] for r in rows} | ({f"iter_{args.iteration}"} if args.iteration is not None else set())
+    incomplete = [(run, it) for run in args.runs if run not in missing for it in sorted(expected)
+                  if not (run / it / "model").is_dir()]
+    for run, it in incomplete:
+        print(f"{str(run):28s} {it:7s} no saved model")
     for r in rows:
         if "error" in r:
             print(f"{r['run']:28s} {r['iteration']:7s} does not load: {r['error']}")
@@ -103,10 +110,12 @@ def main(argv=None) -> int:
         print(f"{r['run']:28s} {r['iteration']:7s} params {r['params']:>11,d} (config {r['params_expected']:,d})  "
               f"finite {r['finite']}{moved}  {vs}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        from i2d2.io import write_text
+
+        write_text(args.json, json.dumps(rows, indent=1))
     bad = [r for r in rows if "error" in r or r["params"] != r["params_expected"] or not r["finite"]
            or r["trained"] is False]
-    return 1 if bad or missing or not rows else 0
+    return 1 if bad or missing or incomplete or not rows else 0
 
 
 if __name__ == "__main__":

@@ -335,6 +335,14 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle-seed", type=int, default=None,
                     help="--cv: a shuffled grouped partition with this seed (default: GroupKFold's fixed one)")
     args = ap.parse_args(argv)
+    # checked before the features (minutes): an unknown variant used to end in KeyError after the plain probe's
+    unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
+    if unknown:
+        ap.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    if args.folds < 2:
+        ap.error(f"--folds must be >= 2, got {args.folds}")
+    if args.layers and not all(x.strip().isdigit() for x in args.layers.split(",")):
+        ap.error(f"--layers: expected comma-separated layer numbers (e.g. 8,10,12), got {args.layers!r}")
     torch.set_num_threads(args.threads)
 
     from hydra import compose, initialize_config_dir

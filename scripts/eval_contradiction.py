@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     e.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    from i2d2.io import read_jsonl, write_jsonl
+    from i2d2.io import read_jsonl, write_jsonl, write_text
 
     if args.cmd == "sample":
         write_jsonl(args.out, sample_pairs(args.per_stratum))
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         print(f"{name:34s} {_fmt(m['precision']):>6s} {_fmt(m['recall']):>6s} {_fmt(m['f1']):>6s} "
               f"{m['n_predicted']:6d}")
     if args.out:
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        write_text(args.out, json.dumps(out, indent=2) + "\n")
     return 0
 
 

@@ -32,8 +32,12 @@ def paired_labels(first_path: Path, second_path: Path, sample: str | None) -> li
     from i2d2.io import read_jsonl
 
     first = {r["statement"]: r["label"] for r in read_jsonl(first_path, required=("statement", "label"))}
+    second = read_jsonl(second_path, required=("statement", "label"))
+    samples = sorted({str(r.get("sample")) for r in second})
+    if sample and sample not in samples:  # else nothing is left to compare and sklearn fails on empty arrays
+        raise SystemExit(f"--sample {sample!r}: {second_path} has no such sample (it has {', '.join(samples)})")
     out = []
-    for n, r in enumerate(read_jsonl(second_path, required=("statement", "label")), 1):
+    for n, r in enumerate(second, 1):
         if sample and r.get("sample") != sample:
             continue
         if r["statement"] not in first:
@@ -69,6 +73,7 @@ def agreement(pairs, scores: dict[str, float] | None = None) -> dict:
         "kappa_labels": float(cohen_kappa_score([p[1] for p in pairs], [p[2] for p in pairs])),
         "agreement_valid": float((a == b).mean()), "kappa_valid": float(cohen_kappa_score(a, b)),
         "second_precision": float((a & b).sum() / max(b.sum(), 1)), "second_recall": float((a & b).sum() / max(a.sum(), 1)),
+        "second_n_valid": int(b.sum()),  # the statements the second labeller keeps: what its precision is over
         "second_ap": float(average_precision_score(a, b.astype(float))),
     }
     if scores is not None:
@@ -96,8 +101,8 @@ def main(argv=None) -> dict:
           f" / {res['valid_rate_second']:.3f}")
     print(f"seven labels:  agreement {res['agreement_labels']:.3f}  kappa {res['kappa_labels']:.3f}")
     print(f"valid/invalid: agreement {res['agreement_valid']:.3f}  kappa {res['kappa_valid']:.3f}")
-    print(f"second labeller as a ranker of the first's labels: precision {res['second_precision']:.3f}, "
-          f"recall {res['second_recall']:.3f}, AP {res['second_ap']:.3f}")
+    print(f"second labeller as a ranker of the first's labels: precision {res['second_precision']:.3f} "
+          f"({res['second_n_valid']} of {res['n']} kept), recall {res['second_recall']:.3f}, AP {res['second_ap']:.3f}")
     if "critic_ap_first" in res:
         print(f"critic AP: vs first labels {res['critic_ap_first']:.3f}, vs second {res['critic_ap_second']:.3f}, "
               f"on the {res['n_agreed']} statements both label alike {res['critic_ap_agreed']:.3f}")

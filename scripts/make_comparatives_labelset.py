@@ -33,6 +33,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--merge", action="store_true")
     args = ap.parse_args(argv)
+    if args.chunks < 1:  # checked now, not after to_label.jsonl is written
+        ap.error(f"--chunks must be >= 1, got {args.chunks}")
 
     from i2d2.filtering import near_duplicates
     from i2d2.io import read_jsonl, write_json, write_jsonl

@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from i2d2.prompts import PROMPT_FORMS  # noqa: E402
+
 # bare_singular ("Broom should") only suits mass nouns; the bundled concepts are count nouns
 FORMS = ["bare_plural", "indefinite", "definite", "adverb+bare_plural", "adverb+indefinite"]
 
@@ -48,7 +50,8 @@ def main(argv=None):
     ap.add_argument("--goals", type=int, default=45)
     ap.add_argument("--relations-per-noun", type=int, default=2)
     ap.add_argument("--forms-per-pair", type=int, default=2)
-    ap.add_argument("--forms", nargs="+", default=FORMS)
+    # a misspelt form would match no variant: its nouns got no prompt, silently, or a related one crashed
+    ap.add_argument("--forms", nargs="+", default=FORMS, choices=PROMPT_FORMS)
     ap.add_argument("--prefixes-per-goal", type=int, default=2)
     ap.add_argument("--related-per-concept", type=int, default=1)
     ap.add_argument("--related-only", action="store_true",
@@ -67,6 +70,8 @@ def main(argv=None):
                     help="with --merge: add the parts to the bundled label set instead of rewriting it from all parts")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the default run (e.g. decoding.beam_size=10)")
     args = ap.parse_args(argv)
+    if args.chunks < 1:  # checked now, not after the generation it splits
+        ap.error(f"--chunks must be >= 1, got {args.chunks}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from omegaconf import OmegaConf

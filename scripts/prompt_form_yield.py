@@ -52,6 +52,7 @@ def main(argv=None):
 
     import numpy as np
     from critics.data import grouped_split3, load_annotations
+    from i2d2.io import write_text
     from i2d2.schemas import CriticConfig, defaults
 
     DEFAULTS = defaults(CriticConfig)
@@ -86,7 +87,7 @@ def main(argv=None):
         "goal_prefixes": [g for g, v in sorted(c["by_goal_prefix"].items(), key=lambda kv: -kv[1]["yield"])
                           if v["n"] >= 30 and v["yield"] >= mean["goal"]]}
     print("recommended (from train + dev concepts):", json.dumps(result["recommend"]))
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    write_text(args.out, json.dumps(result, indent=1) + "\n")  # atomic: by default the bundled file is replaced
     print(f"wrote {args.out}")
 
 

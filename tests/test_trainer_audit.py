@@ -38,7 +38,7 @@ def test_pr_curve_images_reach_wandb_when_it_is_not_the_first_logger(tmp_path):
     trainer = types.SimpleNamespace(sanity_checking=False, is_global_zero=True, current_epoch=0,
                                     loggers=[csv, wb], logger=csv)
     module = types.SimpleNamespace(val_result=(np.array([0, 1, 1, 0]), np.array([0.1, 0.9, 0.6, 0.4])))
-    PRCurveCallback(tmp_path, prefix="critic_val").on_validation_epoch_end(trainer, module)
+    PRCurveCallback(tmp_path, prefix="critic_val").on_validation_end(trainer, module)
     assert wb.images == ["critic_val/pr_curve", "critic_val/score_histogram"]
 
 
