@@ -53,6 +53,7 @@ def main(argv=None):
     import numpy as np
     from critics.data import grouped_split3, load_annotations
     from i2d2.io import write_text
+    from i2d2.prompts import phrase_number
     from i2d2.schemas import CriticConfig, defaults
 
     DEFAULTS = defaults(CriticConfig)
@@ -65,25 +66,51 @@ def main(argv=None):
     confirm = [rows[i] for i in te]
     result = {"labels": args.labels, "split": "critics.data.grouped_split3 with i2d2.schemas.CriticConfig defaults",
               "choose": {"n": len(choose)}, "confirm": {"n": len(confirm)}}
+    # The forms are compared on the phrases that leave the noun's number open (modal verbs: "can", "may be"): a form
+    # is a choice only there. Over every phrase a form's yield mixes in the phrases that force it ("is" takes the
+    # singular forms only, and "is" prompts yield well), which favours whichever forms those phrases allow.
+    import yaml
+
+    modal = yaml.safe_load((ROOT / "conf" / "data" / "generics.yaml").read_text())["modal_verbs"]
+    free = {r.get("relation") for r in rows if r.get("kind") == "noun" and r.get("relation")
+            and phrase_number(r["relation"], modal) == "any"}
+    parts = {}
     for name, part in (("choose", choose), ("confirm", confirm)):
         nouns = [r for r in part if r.get("kind") == "noun"]
         goals = [r for r in part if r.get("kind") == "goal"]
         plain = [r for r in nouns if not r.get("related")]  # a required related concept is a confound of its own
-        result[name].update(by_form=table(plain, "form"), by_relation=table(plain, "relation"), by_goal_prefix=table(goals, "relation"),
+        parts[name] = plain
+        result[name].update(by_form_free=table([r for r in plain if r.get("relation") in free], "form"),
+                            by_form=table(plain, "form"), by_relation=table(plain, "relation"),
+                            by_goal_prefix=table(goals, "relation"),
                             by_kind=table(
                                 [{**r, "kind": "related" if r.get("related") else r.get("kind")} for r in part], "kind"))
+    # the recommendation, from the choose split only. Forms: by yield where the phrase leaves the choice open (a
+    # form never asked there, e.g. bare_singular, after them in its overall order). Phrases: each measured in the
+    # form the recommended order gives it (the first of them among its judged rows: the label set asks every
+    # (noun, phrase) pair in forms drawn in rotation), kept when that yield is at least the mean over every phrase so
+    # measured (with >= 30 judged statements). Goal prefixes: at least the mean of goal prompts.
+    c = result["choose"]
+    order = [f for f, _ in sorted(c["by_form_free"].items(), key=lambda kv: -kv[1]["yield"])]
+    order += [f for f, _ in sorted(c["by_form"].items(), key=lambda kv: -kv[1]["yield"]) if f not in order]
+    for name in ("choose", "confirm"):
+        chosen = []
+        for rel in sorted({r.get("relation") for r in parts["choose"]}):
+            forms = {r.get("form") for r in parts["choose"] if r.get("relation") == rel}
+            first = next((f for f in order if f in forms), None)
+            chosen += [r for r in parts[name] if r.get("relation") == rel and r.get("form") == first]
+        result[name]["by_relation_in_chosen_form"] = table(chosen, "relation")
+        result[name]["chosen_form_mean"] = sum(r["y"] for r in chosen) / max(1, len(chosen))
     for name in ("choose", "confirm"):
         print(f"\n## {name} ({'train + dev' if name == 'choose' else 'test'} concepts, n={result[name]['n']})\n")
-        for key in ("by_form", "by_relation", "by_goal_prefix", "by_kind"):
+        for key in ("by_form_free", "by_form", "by_relation_in_chosen_form", "by_relation", "by_goal_prefix",
+                    "by_kind"):
             print(markdown(key[3:], result[name][key]) + "\n")
-    # the recommendation, from the choose split only: forms by yield; phrases / goal prefixes whose yield is at
-    # least the mean of their kind (with >= 30 judged statements)
-    c = result["choose"]
     mean = {k: v["yield"] for k, v in c["by_kind"].items()}
     result["recommend"] = {
-        "prompt_forms": [f for f, _ in sorted(c["by_form"].items(), key=lambda kv: -kv[1]["yield"])],
-        "relations": [r for r, v in sorted(c["by_relation"].items(), key=lambda kv: -kv[1]["yield"])
-                      if v["n"] >= 30 and v["yield"] >= mean["noun"]],  # mean over plain noun prompts
+        "prompt_forms": order,
+        "relations": [r for r, v in sorted(c["by_relation_in_chosen_form"].items(), key=lambda kv: -kv[1]["yield"])
+                      if v["n"] >= 30 and v["yield"] >= c["chosen_form_mean"]],
         "goal_prefixes": [g for g, v in sorted(c["by_goal_prefix"].items(), key=lambda kv: -kv[1]["yield"])
                           if v["n"] >= 30 and v["yield"] >= mean["goal"]]}
     print("recommended (from train + dev concepts):", json.dumps(result["recommend"]))

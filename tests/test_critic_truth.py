@@ -242,8 +242,13 @@ def test_default_prompt_form_is_set_from_measured_yield():
     selection, forms = check_prompt_selection(cfg.data)
     yields = json.loads((ANNOTATION_DIR / "prompt_form_yield.json").read_text())
     assert selection == "forms"
-    best = max(yields["choose"]["by_form"].items(), key=lambda kv: kv[1]["yield"])[0]
-    assert forms[0] == best
+    # compared where the form is a choice (phrases that leave the number open), train + dev concepts only
+    best = max(yields["choose"]["by_form_free"].items(), key=lambda kv: kv[1]["yield"])[0]
+    assert forms[0] == best and list(forms) == yields["recommend"]["prompt_forms"][:len(forms)]
+    from i2d2.concepts import load_phrases
+
+    assert load_phrases(ANNOTATION_DIR.parent / "generics" / "relations" / "measured.txt") == \
+        yields["recommend"]["relations"]
     with pytest.raises(ValueError, match="data.prompt_forms"):
         check_prompt_selection({"prompt_selection": "forms", "prompt_forms": ["plural"]})
 
