@@ -64,7 +64,9 @@ def main(argv=None):
                                  DEFAULTS["seed"])
     choose = [rows[i] for i in np.r_[tr, dev]]
     confirm = [rows[i] for i in te]
-    result = {"labels": args.labels, "split": "critics.data.grouped_split3 with i2d2.schemas.CriticConfig defaults",
+    labels_name = Path(args.labels).resolve()
+    labels_name = str(labels_name.relative_to(ROOT)) if labels_name.is_relative_to(ROOT) else str(labels_name)
+    result = {"labels": labels_name, "split": "critics.data.grouped_split3 with i2d2.schemas.CriticConfig defaults",
               "choose": {"n": len(choose)}, "confirm": {"n": len(confirm)}}
     # The forms are compared on the phrases that leave the noun's number open (modal verbs: "can", "may be"): a form
     # is a choice only there. Over every phrase a form's yield mixes in the phrases that force it ("is" takes the
