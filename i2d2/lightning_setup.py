@@ -82,22 +82,25 @@ def single_device_trainer(trainer_cfg: Mapping) -> dict:
         clip = read_deepspeed_json(strategy.get("config")).get("gradient_clipping")
         if clip is not None:
             out["gradient_clip_val"] = float(clip) or None  # 0 in DeepSpeed: no clipping
-    return {**out, "precision": resolve_precision(trainer_cfg), "devices": 1, "strategy": "auto"}
+    listed = listed_gpus(trainer_cfg.get("devices"))  # the GPU inference uses too (resolve_device), not GPU 0
+    return {**out, "precision": resolve_precision(trainer_cfg), "devices": [listed[0]] if listed else 1,
+            "strategy": "auto"}
 
 
 def world_size_of(trainer_cfg: Mapping) -> int:
-    """Processes the trainer config asks for (devices x nodes; ``auto`` counts the visible GPUs)."""
-    devices = trainer_cfg.get("devices", 1)
-    if isinstance(devices, int):
-        n = devices
-    elif isinstance(devices, (list, tuple)):
-        n = len(devices)
-    elif str(devices).isdigit():
+    """Processes the trainer config asks for (devices x nodes; ``auto`` counts the visible GPUs). A key not given
+    has Lightning's default: ``devices="auto"``, ``accelerator="auto"``."""
+    devices = trainer_cfg.get("devices", "auto")
+    listed = listed_gpus(devices)  # [0, 2], "0,1" or "1," (Lightning: the GPU with index 1, alone)
+    if listed is not None:
+        n = len(listed)
+    elif str(devices) in ("auto", "-1"):  # -1 is an int where YAML gives it
+        on_gpus = str(trainer_cfg.get("accelerator", "auto")) in ("gpu", "cuda", "auto")
+        n = max(1, torch.cuda.device_count()) if on_gpus else 1
+    elif isinstance(devices, int) or str(devices).isdigit():
         n = int(devices)
-    elif str(devices) in ("auto", "-1"):
-        n = max(1, torch.cuda.device_count()) if str(trainer_cfg.get("accelerator")) in ("gpu", "cuda", "auto") else 1
-    else:  # "0,1" or "1," (Lightning: the GPU with index 1, alone)
-        n = len([d for d in str(devices).split(",") if d.strip()])
+    else:
+        n = 1
     return max(1, n) * int(trainer_cfg.get("num_nodes", 1) or 1)
 
 
@@ -111,11 +114,23 @@ def check_one_process(trainer_cfg: Mapping, task: str) -> None:
                          "set trainer.devices=1 (the I2D2 loop, task=i2d2, is the one that runs on several)")
 
 
+def listed_gpus(devices: Any) -> list[int] | None:
+    """The GPU indices a ``trainer.devices`` value names, as Lightning reads it: a list, or a string with a comma
+    ("1," is the GPU with index 1, alone); None for a count or ``auto`` (the first GPUs)."""
+    if isinstance(devices, (list, tuple)):
+        return [int(d) for d in devices]
+    if isinstance(devices, str) and "," in devices:
+        return [int(d) for d in devices.split(",") if d.strip()]
+    return None
+
+
 def resolve_device(trainer_cfg: Mapping | None) -> str:
     """The torch device inference (generation, scoring, probes) runs on, as ``trainer.accelerator`` says:
     ``cpu`` stays on the CPU even where CUDA is present; ``gpu``/``cuda``/``auto`` take CUDA when there is one
-    (this rank's GPU in a multi-process run); ``mps`` the Apple GPU."""
-    accel = str(plain(trainer_cfg or {}).get("accelerator", "auto"))
+    (this rank's GPU in a multi-process run, the one ``trainer.devices`` lists where it names GPUs); ``mps`` the
+    Apple GPU."""
+    tc = plain(trainer_cfg or {})
+    accel = str(tc.get("accelerator", "auto"))
     if accel == "cpu":
         return "cpu"
     if accel == "mps":
@@ -126,9 +141,12 @@ def resolve_device(trainer_cfg: Mapping | None) -> str:
         if accel in GPU_ACCELERATORS:
             raise RuntimeError(f"trainer.accelerator={accel} but no CUDA GPU is available; use trainer=cpu.")
         return "cpu"
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-    return "cuda"
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = int(os.environ.get("LOCAL_RANK", 0)) if distributed else 0
+    listed = listed_gpus(tc.get("devices"))
+    if listed:  # Lightning trains rank r on the r-th GPU listed
+        return f"cuda:{listed[rank]}"
+    return f"cuda:{rank}" if distributed else "cuda"
 
 
 # ----------------------------------------------------------------------------- DeepSpeed

