@@ -112,19 +112,36 @@ def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
 
+def noun_kind(concept: Concept, engine=None) -> str:
+    """``mass`` for a mass noun (the uncountable-noun lexicon: "honey", "rice": singular verb, no a/an, no plural),
+    ``plural_only`` for an invariant noun in -s ("scissors", "pliers": plural verb, no a/an), else ``count``
+    (invariant zero plurals such as "sheep" and "fish" are count nouns: "a sheep can", "sheep can")."""
+    from i2d2.comparatives.entities import is_mass_noun
+
+    if concept.plural is not None:  # the concept file says which number it is given in
+        return "count"
+    if is_mass_noun(concept.text):
+        return "mass"
+    singular, plural = noun_forms(concept, engine)
+    return "plural_only" if singular == plural and concept.text.lower().endswith("s") else "count"
+
+
 def noun_variants(concept: Concept, relation: str, cfg_data, engine=None) -> list[Variant]:
-    """All Table 1 variants of (concept, relation) that agree in number; de-duplicated by text."""
+    """All Table 1 variants of (concept, relation) that agree in number; de-duplicated by text. A mass noun
+    takes only singular phrases and no a/an ("Generally, honey is": its bare form is ``bare_singular``); a
+    plural-only noun only plural phrases ("Generally, scissors can", never "a scissors")."""
     p = engine or _engine()
     singular, plural = noun_forms(concept, p)
+    kind = noun_kind(concept, p)
     number = phrase_number(relation, _get(cfg_data, "modal_verbs", []), p)
     articles = [a.lower() for a in _get(cfg_data, "articles", ["a", "an", "the"])]
     sep = _get(cfg_data, "adverb_separator", ", ")
     forms: list[tuple[str, str, str | None]] = []
-    if number in ("sg", "any"):
+    if number in ("sg", "any") and kind != "plural_only":
         indef = p.a(singular).split()[0].lower()
-        sg_articles = [a for a in (indef, "the") if a in articles]
+        sg_articles = [a for a in (indef, "the") if a in articles and (kind == "count" or a == "the")]
         forms += [(singular, "sg", a) for a in [None, *sg_articles]]
-    if number in ("pl", "any"):
+    if number in ("pl", "any") and kind != "mass":
         forms += [(plural, "pl", a) for a in [None, *(["the"] if "the" in articles else [])]]
     out, seen = [], {}
     for adverb in [None, *_get(cfg_data, "adverbs", [])]:

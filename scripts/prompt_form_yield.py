@@ -53,7 +53,7 @@ def main(argv=None):
     import numpy as np
     from critics.data import grouped_split3, load_annotations
     from i2d2.io import write_text
-    from i2d2.prompts import phrase_number
+    from i2d2.prompts import PROMPT_FORMS, phrase_number
     from i2d2.schemas import CriticConfig, defaults
 
     DEFAULTS = defaults(CriticConfig)
@@ -95,6 +95,12 @@ def main(argv=None):
     c = result["choose"]
     order = [f for f, _ in sorted(c["by_form_free"].items(), key=lambda kv: -kv[1]["yield"])]
     order += [f for f, _ in sorted(c["by_form"].items(), key=lambda kv: -kv[1]["yield"]) if f not in order]
+    # the label set never asks a bare singular (a mass noun's only bare form, "Generally, honey is"): it follows its
+    # generic counterpart, the bare plural, rather than leave mass nouns to "The honey is"
+    for f in PROMPT_FORMS:
+        twin = f.replace("bare_singular", "bare_plural")
+        if f not in order and twin != f and twin in order:
+            order.insert(order.index(twin) + 1, f)
     for name in ("choose", "confirm"):
         chosen = []
         for rel in sorted({r.get("relation") for r in parts["choose"]}):

@@ -26,18 +26,29 @@ def compose(*overrides: str):
 
 # ----------------------------------------------------------------------------- prompt construction
 
-@pytest.mark.parametrize("noun", ["scissors", "sheep", "fish"])
-def test_invariant_noun_before_a_modal_gets_its_bare_plural(noun):
-    """"Scissors can" is also the bare plural: the default forms pick "Generally, scissors can", not "Generally,
-    a scissors can" (the plural variant was dropped as a duplicate of the singular one)."""
+@pytest.mark.parametrize("noun,prompt,form", [("scissors", "Generally, scissors can", "adverb+bare_plural"),
+                                               ("pliers", "Generally, pliers can", "adverb+bare_plural"),
+                                               ("sheep", "Generally, a sheep can", "adverb+indefinite"),
+                                               ("fish", "Generally, a fish can", "adverb+indefinite"),
+                                               ("honey", "Generally, honey can", "adverb+bare_singular"),
+                                               ("orange juice", "Generally, orange juice can", "adverb+bare_singular")])
+def test_invariant_and_mass_nouns_before_a_modal_get_a_grammatical_prompt(noun, prompt, form):
+    """"Sheep can" is also the bare plural (the plural variant was dropped as a duplicate of the singular one);
+    a plural-only noun never takes a/an ("Generally, a scissors can"), nor a mass noun ("Generally, a honey can",
+    or "The honey can" when the forms had no bare singular)."""
     from i2d2.concepts import Concept
     from i2d2.prompts import noun_variants, select_by_form
 
     cfg = OmegaConf.load(ROOT / "conf/data/generics.yaml")
     group = noun_variants(Concept(noun), "can", cfg)
     (chosen,), _ = select_by_form([group], list(cfg.prompt_forms))
-    assert chosen.text == f"Generally, {noun} can" and chosen.form == "adverb+bare_plural"
+    assert chosen.text == prompt and chosen.form == form
     assert len({v.text for v in group}) == len(group)
+    if noun not in ("sheep", "fish"):
+        assert not any(v.article in ("a", "an") for v in group)
+    # number agreement: a mass noun takes no plural phrase, a plural-only noun no singular one
+    assert (noun_variants(Concept(noun), "are", cfg) == []) == (noun in ("honey", "orange juice"))
+    assert (noun_variants(Concept(noun), "is", cfg) == []) == (noun in ("scissors", "pliers"))
 
 
 def test_heldout_concepts_are_normalised_and_checked():
