@@ -378,6 +378,7 @@ def main(argv=None) -> int:
     from i2d2.annotation import critic_annotation_paths
     from i2d2.io import fingerprint, run_stage, stage_fingerprint
     from i2d2.lightning_setup import single_device_trainer
+    from i2d2.models import use_cache_dir
 
     ap = argparse.ArgumentParser(prog="python -m critics.train", description=main.__doc__)
     ap.add_argument("--out", required=True, help="output folder (a stage folder: reused, resumed or refused)")
@@ -389,6 +390,7 @@ def main(argv=None) -> int:
         with initialize_config_dir(str(config.CONF_DIR), version_base="1.3"):
             cfg = compose("train", overrides=args.overrides)
         config.check_keys(cfg)
+        use_cache_dir(cfg.get("cache_dir"))  # a Gemma critic body converts into the configured cache
         critic_config(cfg.critic)  # a bad value fails here, before the folder is touched
         paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
         fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)))

@@ -62,8 +62,10 @@ schemas.register()
 
 
 def setup_run(cfg) -> None:
-    """Process-wide settings every entry point wants: seeds, quiet libraries, offline hubs."""
+    """Process-wide settings every entry point wants: seeds, quiet libraries, offline hubs, the model cache."""
     import lightning as L
+
+    from i2d2.models import use_cache_dir
 
     # Model hubs are unreachable on our machines; users with a hub can set HF_HUB_OFFLINE=0.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -71,6 +73,7 @@ def setup_run(cfg) -> None:
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    use_cache_dir(cfg.get("cache_dir"))  # every loader's cache, those not handed the config included
 
 
 # ----------------------------------------------------------------------------- unknown keys
@@ -129,6 +132,8 @@ def _schema(group: str, recipe: str | None = None) -> dict:
         return _task_schema(recipe)
     if group == "data":
         return _data_schema(recipe)
+    if group == "generate":  # i2d2.generate's own node, conf/generate.yaml (not a config group)
+        return _load(CONF_DIR / "generate.yaml").get("generate") or {}
     schema: dict = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         _merge(schema, {k: v for k, v in _load(path).items() if k != "defaults"})
@@ -238,9 +243,10 @@ def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> 
 
 
 # sections without a structured config (i2d2/schemas.py types the others at composition): the whole task node,
-# against the shipped task files of the same recipe (typed sub-sections there are empty, hence free-form), and the
-# data node against the data file those task files pick
-CHECKED_SECTIONS = ("task", "data")
+# against the shipped task files of the same recipe (typed sub-sections there are empty, hence free-form), the
+# data node against the data file those task files pick, and i2d2.generate's node (absent from the train config)
+# against conf/generate.yaml (+generate.top_kk=3 ran with the default top_k)
+CHECKED_SECTIONS = ("task", "data", "generate")
 
 
 def _typed_unknown_keys(node, where: str, out: dict) -> None:

