@@ -332,10 +332,19 @@ def _word_record(w: str, tables: TokenTables, tok) -> _WordRecord:
             if enc and byte_letters("".join(strings[i] for i in enc if i < len(strings))) in (v, " " + v):
                 ids = enc
                 break
-        if ids is None:
-            ids = tok.encode(" " + sv, add_special_tokens=False)[:1]  # at least propose how the word starts
-        cov, pis = "", []
+        spelled = ids is not None
+        if not spelled:
+            ids = tok.encode(" " + sv, add_special_tokens=False)
         alnum = v[:1].isalnum()
+        # a word that opens with no letter (',' '-' '(') is a word of its own without a space before it ("dog,"):
+        # its path starts at its own token. A lone space first (' ,' is 'Ġ' ',', and SentencePiece puts '▁' before
+        # a bare ',' too) would be proposed again and again: it spells nothing of the word and leaves the trie at
+        # its root, where the word's first token is that space again
+        while not alnum and len(ids) > 1 and ids[0] < len(strings) and strings[ids[0]].isspace():
+            ids = ids[1:]
+        if not spelled:
+            ids = ids[:1]  # at least propose how the word starts
+        cov, pis = "", []
         for t in ids:
             cov += byte_letters(strings[t]) if t < len(strings) else ""
             pend = cov[1:] if cov.startswith(" ") else cov

@@ -241,43 +241,67 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
             raise ConstraintError(f"{pre}{labels[i]}: clause has no literals")
         for l in c.literals:
             check_text(l.text, labels[i])
+            # a set built in code skips from_dict's checks: positive="false" would be a required literal
+            _flag(l.positive, f"{pre}{labels[i]}: literal {l.text!r}: positive")
         _check_positions(c.positions, f"{pre}{labels[i]}")
     for j, c in enumerate(cs.counts):
         label = c.name or f"count constraint {j}"
         if not c.words:
             raise ConstraintError(f"{pre}{label}: no words")
-        if int(c.max_count) < 0:
+        if _integer(c.max_count, f"{pre}{label}: max_count") < 0:
             raise ConstraintError(f"{pre}{label}: max_count must be >= 0, got {c.max_count}")
         check_words(c.words, label)
     for j, d in enumerate(cs.dynamic):
         label = labels[len(cs.clauses) + j]
         if not d.words:
             raise ConstraintError(f"{pre}{label}: no words")
-        if int(d.top_k) < 1:
+        if _integer(d.top_k, f"{pre}{label}: top_k") < 1:
             raise ConstraintError(f"{pre}{label}: top_k must be >= 1, got {d.top_k}")
         check_words(d.words, label)
         _check_positions(d.positions, f"{pre}{label}")
-    # the same literal both required and forbidden
+    # a literal both required and forbidden: the forbidden one is the required one or occurs inside it ("hot dog"
+    # cannot be written without "dog")
     required = {}
     for i, c in enumerate(cs.clauses):
         if len(c.literals) == 1 and c.literals[0].positive:
             required.setdefault(c.literals[0].words(), labels[i])
+
+    def required_by(words):
+        """The label of a required literal that ``words`` occur in, else None."""
+        return next((lab for r, lab in required.items() if _occurs_in(words, r)), None)
+
     for i, c in enumerate(cs.clauses):
-        if len(c.literals) == 1 and not c.literals[0].positive and c.literals[0].words() in required:
+        by = required_by(c.literals[0].words()) if len(c.literals) == 1 and not c.literals[0].positive else None
+        if by:
             raise ConstraintError(f"{pre}{labels[i]}: literal {c.literals[0].text!r} is forbidden here but required "
-                                  f"by {required[c.literals[0].words()]}")
+                                  f"by {by}")
         words = [l.words() for l in c.literals]
         pos = {w for w, l in zip(words, c.literals) if l.positive}
-        neg = {w for w, l in zip(words, c.literals) if not l.positive}
-        if pos & neg:  # (A or not A) is a tautology: almost surely a mistake
-            raise ConstraintError(f"{pre}{labels[i]}: the same literal is both required and forbidden in one clause")
+        both = [l.text for w, l in zip(words, c.literals) if not l.positive and w in pos]
+        if both:  # (A or not A) is a tautology: almost surely a mistake
+            raise ConstraintError(f"{pre}{labels[i]}: literal {both[0]!r} is both required and forbidden in one "
+                                  f"clause")
     for j, c in enumerate(cs.counts):
         if int(c.max_count) == 0 and required:
             for w in c.words:
-                key = phrase_words(w)
-                if key in required:
+                by = required_by(phrase_words(w))
+                if by:
                     raise ConstraintError(f"{pre}{c.name or f'count constraint {j}'}: word {w!r} is forbidden "
-                                          f"(max_count=0) but required by {required[key]}")
+                                          f"(max_count=0) but required by {by}")
+    # a clause is ranked when a positive literal of it first occurs, so ranks stop at the number of clauses with one:
+    # positions all beyond that leave the clause nothing but its negative literals
+    ranked = sum(any(l.positive for l in c.literals) for c in cs.clauses) + len(cs.dynamic)
+    for i, c in enumerate(list(cs.clauses) + list(cs.dynamic)):
+        has_negative = any(not l.positive for l in getattr(c, "literals", ()))  # a dynamic clause has none
+        if c.positions and min(c.positions) > ranked and not has_negative:
+            raise ConstraintError(f"{pre}{labels[i]}: positions {list(c.positions)} can never be reached: only "
+                                  f"{ranked} clauses can be satisfied in order")
+
+
+def _occurs_in(part: tuple, whole: tuple) -> bool:
+    """Whether the words ``part`` occur as consecutive words of ``whole``."""
+    n = len(part)
+    return any(whole[k:k + n] == part for k in range(len(whole) - n + 1))
 
 
 def _check_positions(pos, label):
