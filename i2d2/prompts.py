@@ -242,7 +242,9 @@ def candidate_groups(concepts: list[Concept], cfg_data) -> list[list[Variant]]:
                                 f"({', '.join(rel_cfg)})")
             lists[name] = load_phrases(resolve_path(rel_cfg[name], cfg_data.get("dir")))
         for rel in lists[name]:
-            groups.append(noun_variants(c, rel, cfg_data, p))
+            group = noun_variants(c, rel, cfg_data, p)
+            if group:  # none agrees: a mass noun before a plural phrase ("honey are"), a plural-only one before "is"
+                groups.append(group)
     return groups
 
 

@@ -49,6 +49,12 @@ def test_invariant_and_mass_nouns_before_a_modal_get_a_grammatical_prompt(noun, 
     # number agreement: a mass noun takes no plural phrase, a plural-only noun no singular one
     assert (noun_variants(Concept(noun), "are", cfg) == []) == (noun in ("honey", "orange juice"))
     assert (noun_variants(Concept(noun), "is", cfg) == []) == (noun in ("scissors", "pliers"))
+    from i2d2.prompts import candidate_groups
+
+    # such a pair is no group at all (the form selection read g[0] of an empty one)
+    groups = candidate_groups([Concept(noun)], OmegaConf.merge(cfg, {"relations": {"general": str(
+        ROOT / "i2d2/data/generics/relations/general.txt")}}))
+    assert groups and all(groups)
 
 
 def test_heldout_concepts_are_normalised_and_checked():
