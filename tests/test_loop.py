@@ -214,10 +214,13 @@ def test_kill_inside_generation_and_finetune_then_resume(baseline, tmp_path, mon
     assert (gdir / "shard-00000.jsonl").exists() and not (gdir / "generations.jsonl").exists()
 
     real_step, steps = SelfImitationModule.training_step, []
+    # killed in the last step, after a checkpoint of the one before (ckpt_every_n_steps: 1)
+    base_steps = json.loads((base_dir / "iter_0" / "model" / "i2d2_meta.json").read_text())["steps"]
+    assert base_steps >= 2
 
     def dying_step(self, batch, batch_idx):
         steps.append(1)
-        if len(steps) == 3:
+        if len(steps) == base_steps:
             raise RuntimeError("killed in fine-tuning")
         return real_step(self, batch, batch_idx)
 
