@@ -158,15 +158,32 @@ def grouped_split3(concepts: Sequence[str], labels: Sequence[int], dev_fraction:
     return rest[tr], rest[dev], test
 
 
+PAIR_SEPARATOR = "|"  # an entity pair's concept, "X | Y" (NeuroComparatives' pair_id)
+
+
+def split_groups(concepts: Sequence[str]) -> list[str]:
+    """The group each concept is split by: the concept however it is spelled ("Dog" and "dog" are one), and an entity
+    pair in either order ("tulip | daffodil" and "daffodil | tulip", both made under ``data.both_orders``) one
+    pair, so that neither order of a pair sits in training while the other is tested. A reversed pair takes the
+    first-seen order's key: a set without reversed pairs keeps the keys, and so the splits, it had."""
+    first: dict = {}
+    out = []
+    for c in concepts:
+        key = normalize_statement(c)
+        parts = [p.strip() for p in key.split(PAIR_SEPARATOR)]
+        out.append(first.setdefault(frozenset(parts) if len(parts) == 2 else key, key))
+    return out
+
+
 def grouped_split(concepts: Sequence[str], labels: Sequence[int], val_fraction: float = 0.2, seed: int = 0,
                   max_tries: int = 50) -> tuple[np.ndarray, np.ndarray]:
-    """Train/validation indices with no concept on both sides (sklearn ``GroupShuffleSplit``).
+    """Train/validation indices with no concept (``split_groups``) on both sides (sklearn ``GroupShuffleSplit``).
 
     Tries successive splits until both sides hold valid and invalid examples (needed for AP / P@R).
     """
     from sklearn.model_selection import GroupShuffleSplit
 
-    concepts = np.asarray([normalize_statement(c) for c in concepts])
+    concepts = np.asarray(split_groups(concepts))
     y = np.asarray(labels)
     n_groups = len(set(concepts))
     if n_groups < 2:

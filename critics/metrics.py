@@ -32,12 +32,20 @@ def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float | 
 
 
 def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
-    """Precision and size of the ``ceil(fraction * n)`` best-scored rows (ties in their given order): what a
-    keep-the-top-fraction cut such as NeuroComparatives' NC-L / NC-S holds when applied to labelled rows."""
-    y = np.asarray(y).astype(bool)
+    """Precision and size of the ``ceil(fraction * n)`` best-scored rows: what a keep-the-top-fraction cut such as
+    NeuroComparatives' NC-L / NC-S holds when applied to labelled rows. Rows tied at the cut's lowest score count
+    by their mean label (the expected precision over every order of the tie): which of them the cut takes says
+    nothing about the critic, and taking them in the file's order let that order set the precision (a critic whose
+    float32 P(valid) saturates at 1.0 ties many rows)."""
+    y = np.asarray(y).astype(float)
+    s = np.asarray(scores, dtype=float)
     n_keep = int(np.ceil(float(fraction) * len(y)))
-    top = np.argsort(-np.asarray(scores, dtype=float), kind="stable")[:n_keep]
-    return (float(y[top].mean()) if n_keep else None), n_keep
+    if not n_keep:
+        return None, 0
+    lowest = np.sort(s)[::-1][n_keep - 1]
+    above, tied = s > lowest, s == lowest
+    tp = y[above].sum() + (n_keep - int(above.sum())) * y[tied].mean()
+    return float(tp / n_keep), n_keep
 
 
 def _cuts(y, scores):

@@ -20,8 +20,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from critics.data import split_groups
 from i2d2.io import read_jsonl
-from i2d2.labels import normalize_statement
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,8 @@ def surface_floor(train_rows, y_train, test_rows, y_test, seed: int = 0, folds: 
     y_train, y_test = np.asarray(y_train), np.asarray(y_test)
     clf = SurfaceClassifier(seed=seed).fit(train_rows, y_train)
     s_test = clf.score(test_rows)
-    # one concept however it is spelled, as grouped_split groups it ("Dog" and "dog" in one fold)
-    groups = [normalize_statement(str(r.get("concept", i))) for i, r in enumerate(train_rows)]
+    # one concept however it is spelled, and an entity pair in either order, as grouped_split groups it
+    groups = split_groups([str(r.get("concept", i)) for i, r in enumerate(train_rows)])
     oof = np.zeros(len(train_rows))
     k = min(folds, len(set(groups)))
     for a, b in GroupKFold(k).split(np.zeros(len(groups)), groups=groups):

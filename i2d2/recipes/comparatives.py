@@ -346,8 +346,9 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
                           "ci95": None if prec is None else list(wilson_interval(round(prec * n_kept), n_kept))}
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
-        tracker.log_metrics({f"critic/test_precision_{name}": c["precision"] for name, c in cut_test.items()
-                             if c["precision"] is not None})
+        # each precision with the rows it is measured on: a precision alone does not say what it is worth
+        tracker.log_metrics({f"critic/test_{k}_{name}": c[k] for name, c in cut_test.items()
+                             if c["precision"] is not None for k in ("precision", "n_kept")})
     return {**summary, "critic": {**{k: critic.get(k) for k in (
         "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "n_train", "n_dev", "n_test",
         "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test", "sources")},

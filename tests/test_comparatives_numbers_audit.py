@@ -1,0 +1,129 @@
+"""Regressions from an audit of the numbers the NeuroComparatives recipe reports (the discriminator's splits, its
+cuts' test precision, what the tracker gets)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+# ----------------------------------------------------------------------------- splits grouped by entity pair
+
+def _pair_rows(n_pairs: int = 20, per_order: int = 3):
+    """Every entity pair in both orders (``data.both_orders``), each order with its own statements."""
+    concepts, ys = [], []
+    for p in range(n_pairs):
+        for a, b in ((f"thing{p}a", f"thing{p}b"), (f"thing{p}b", f"thing{p}a")):
+            for k in range(per_order):
+                concepts.append(f"{a} | {b}")
+                ys.append((p + k) % 2)
+    return concepts, np.array(ys)
+
+
+def test_an_entity_pair_in_either_order_sits_on_one_side_of_the_critic_split():
+    from critics.data import grouped_split3
+
+    concepts, ys = _pair_rows()
+    unordered = [frozenset(c.split(" | ")) for c in concepts]
+    for seed in range(3):
+        sides = grouped_split3(concepts, ys, 0.15, 0.2, seed)
+        where = {}
+        for side, idx in enumerate(sides):
+            for i in idx:
+                where.setdefault(unordered[i], set()).add(side)
+        split_apart = [sorted(p) for p, s in where.items() if len(s) > 1]
+        assert not split_apart, f"seed {seed}: pairs trained in one order and tested in the other: {split_apart}"
+
+
+def test_the_bundled_comparatives_split_is_the_one_the_readme_measured():
+    """No reversed pair in the bundled labels: grouping a pair's two orders together leaves its split as it was
+    (the README's 149 test statements of 22 pairs, 0.342 valid)."""
+    from hydra import compose, initialize_config_dir
+
+    from critics.train import critic_config, labelled_splits
+    from i2d2.config import CONF_DIR
+    from i2d2.recipes.comparatives import SEED_ANNOTATIONS, critic_cfg
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["task=comparatives"])
+    rows, _, ys, (train, dev, test), _ = labelled_splits(critic_config(critic_cfg(cfg)), [SEED_ANNOTATIONS])
+    assert (len(train), len(dev), len(test)) == (441, 118, 149)
+    assert len({rows[i]["concept"] for i in test}) == 22 and round(float(ys[test].mean()), 3) == 0.342
+
+
+def test_surface_floor_out_of_fold_auc_holds_out_both_orders_of_a_pair():
+    """surface_auc_train is out-of-fold so that a cue found only in training labels shows as a train/test gap. With
+    a pair's two orders in different folds, each order's label was read off the other's (a pair-specific cue,
+    here its relation word) and the floor looked near-perfect on train."""
+    from critics.surface import surface_floor
+
+    concepts, ys = _pair_rows(n_pairs=20, per_order=2)
+    # the label is the pair's (both orders agree), and only the pair's own relation word tells it
+    ys = np.array([int(c.split(" | ")[0][-2] in "02468") for c in concepts])
+    rows = [{"statement": "Compared to x, y are z.", "concept": c, "relation": "".join(sorted(c.split(" | ")))}
+            for c in concepts]
+    test_rows = rows[:4]
+    out = surface_floor(rows, ys, test_rows, ys[:4], seed=0)
+    assert out["surface_auc_train_in_sample"] > 0.95  # the cue is there
+    assert out["surface_auc_train"] < 0.75, out["surface_auc_train"]  # but never about a held-out pair
+
+
+# ----------------------------------------------------------------------------- a cut's precision on test rows
+
+def test_cut_precision_on_test_does_not_depend_on_the_order_of_tied_scores():
+    from critics.metrics import precision_at_top
+
+    # a critic whose float32 P(valid) saturates: six rows tie at 1.0, three of them valid; the top 20 % is 2 rows
+    y = np.array([0, 0, 0, 1, 1, 1, 0, 1, 0, 0])
+    s = np.array([1.0] * 6 + [0.4, 0.3, 0.2, 0.1])
+    values = {precision_at_top(y[p], s[p], 0.2) for p in (np.arange(10), np.r_[3, 4, 5, 0, 1, 2, 6, 7, 8, 9])}
+    assert values == {(0.5, 2)}  # the tie's share valid, whichever order the file lists it in
+    # the rows above the tie count in full, the tie fills the rest at its mean
+    y2, s2 = np.array([1, 0, 0, 1, 0]), np.array([0.9, 0.5, 0.5, 0.5, 0.1])
+    assert precision_at_top(y2, s2, 0.4) == (pytest.approx((1 + 1 / 3) / 2), 2)
+    # without ties nothing changes: the top rows' share valid
+    assert precision_at_top(np.array([1, 0, 1, 0]), np.array([0.9, 0.8, 0.7, 0.6]), 0.5) == (0.5, 2)
+
+
+def test_discriminator_stage_logs_each_cut_precision_with_its_n_kept(tmp_path, monkeypatch):
+    """The tracker got critic/test_precision_<cut> alone: a precision without the rows it was measured on."""
+    import critics.scoring
+    import critics.train
+    from hydra import compose, initialize_config_dir
+
+    from i2d2.config import CONF_DIR
+    from i2d2.io import write_jsonl
+    from i2d2.recipes.comparatives import discriminator_stage
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["task=comparatives", "experiment=smoke", "logger=csv",
+                                          f"run_dir={tmp_path}"])
+    test_rows = [{"statement": f"s{i}", "concept": f"a{i} | b{i}", "label": "True", "y": i % 2,
+                  "critic_score": 1.0 - i / 10} for i in range(10)]
+
+    def fake_train_critic(ccfg, paths, out_dir, trainer_cfg=None, tracker=None, lm=None):
+        (Path(out_dir) / "model").mkdir(parents=True, exist_ok=True)
+        write_jsonl(Path(out_dir) / "test_scores.jsonl", test_rows)
+        return {"model_dir": str(Path(out_dir) / "model"), "ap": 0.5, "n_test": 10, "test_valid_rate": 0.5}
+
+    monkeypatch.setattr(critics.train, "train_critic", fake_train_critic)
+    monkeypatch.setattr(critics.scoring, "score_texts", lambda model, texts, **kw: np.linspace(1, 0, len(texts)))
+    in_path = tmp_path / "kept.jsonl"
+    write_jsonl(in_path, [{"statement": f"c{i}", "pair_id": "x | y", "text": f"c{i}"} for i in range(5)])
+
+    class Recorder:
+        logger = None
+
+        def __init__(self):
+            self.metrics = {}
+
+        def log_metrics(self, m, step=None):
+            self.metrics.update(m)
+
+    tracker = Recorder()
+    out = discriminator_stage(cfg, in_path, tmp_path / "critic", tmp_path / "discriminator", tracker)
+    cuts = out["critic"]["cuts_test"]
+    assert {n: c["n_kept"] for n, c in cuts.items()} == {"nc_xl": 10, "nc_l": 5, "nc_s": 2}
+    for name, c in cuts.items():
+        assert tracker.metrics[f"critic/test_precision_{name}"] == c["precision"]
+        assert tracker.metrics[f"critic/test_n_kept_{name}"] == c["n_kept"]
