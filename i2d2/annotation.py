@@ -336,10 +336,12 @@ def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise",
     return labelled
 
 
-def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> list[dict]:
+def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None, by: str | None = None) -> list[dict]:
     """Person-judged accuracy of each iteration's held-out generations (labels from the held-out store):
     ``[{iteration, n_generations, n_labelled, accuracy, ci95_low, ci95_high}]`` (a 95 % Wilson interval, which
-    stays honest at an accuracy near 0 or 1 on few labels); accuracy and interval are None with no labels."""
+    stays honest at an accuracy near 0 or 1 on few labels); accuracy and interval are None with no labels.
+    ``by``: a field of the held-out rows (``form``: the prompt form) to break each iteration down by; each row then
+    also carries that field's value."""
     store = heldout_store(run_dir)
     mapping = label_mapping(label_map)
     labels = {}
@@ -349,19 +351,19 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None) -> l
             y = mapping.get(normalize_label(r.get("label") or "") or aggregate_votes(r.get("votes") or []) or "")
             if y is not None:
                 labels[normalize_statement(r["statement"])] = int(y)
-    by_iter: dict[int, list[int]] = {}
-    counts: dict[int, int] = {}
+    judged: dict[tuple, list[int]] = {}
+    counts: dict[tuple, int] = {}
     for r in heldout_statements(run_dir):
-        k = int(r["iteration"])
-        counts[k] = counts.get(k, 0) + 1
+        group = (int(r["iteration"]),) + ((str(r.get(by) or "–"),) if by else ())
+        counts[group] = counts.get(group, 0) + 1
         y = labels.get(normalize_statement(r["statement"]))
         if y is not None:
-            by_iter.setdefault(k, []).append(y)
+            judged.setdefault(group, []).append(y)
     out = []
-    for k in sorted(counts):
-        ys = np.asarray(by_iter.get(k, []), dtype=float)
+    for group in sorted(counts):
+        ys = np.asarray(judged.get(group, []), dtype=float)
         acc = float(ys.mean()) if len(ys) else None
         lo, hi = wilson_interval(int(ys.sum()), len(ys)) or (None, None)
-        out.append({"iteration": k, "n_generations": counts[k], "n_labelled": int(len(ys)), "accuracy": acc,
-                    "ci95_low": lo, "ci95_high": hi})
+        out.append({"iteration": group[0], **({by: group[1]} if by else {}), "n_generations": counts[group],
+                    "n_labelled": int(len(ys)), "accuracy": acc, "ci95_low": lo, "ci95_high": hi})
     return out

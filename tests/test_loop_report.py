@@ -76,3 +76,39 @@ def test_self_bleu_of_fewer_than_two_statements_is_undefined_and_reads_as_such()
     two = diversity([{"statement": "Dogs bark.", "concept": "dog"}, {"statement": "Dogs bark loudly.", "concept": "dog"}])
     assert 0 < two["self_bleu"] <= 1
     assert _esc("Dogs\x13 bark | loudly\n") == "Dogs\\x13 bark \\| loudly "
+
+
+def test_report_breaks_generations_and_person_judged_heldout_accuracy_down_by_prompt_form(tmp_path):
+    import json
+
+    from i2d2.annotation import heldout_accuracy, heldout_store
+    from i2d2.io import write_jsonl
+    from i2d2.recipes.generics_report import by_prompt_form
+
+    kept = [{"form": "adverb+indefinite", "prompt_id": "p1", "critic_score": 0.9}]
+    dropped = [{"form": "adverb+indefinite", "prompt_id": "p1", "critic_score": 0.2},
+               {"form": "adverb+bare_plural", "prompt_id": "p2", "critic_score": 0.7},
+               {"form": "goal", "prompt_id": "p3", "critic_score": 0.1}]
+    forms = by_prompt_form(kept, dropped, delta=0.5)
+    assert forms["adverb+indefinite"] == {"prompts": 1, "generations": 2, "kept": 1, "accepted_rate": 0.5}
+    assert forms["adverb+bare_plural"]["accepted_rate"] == 1.0 and forms["goal"]["kept"] == 0
+    # held-out person-judged accuracy per form, from the blind labels store
+    d = tmp_path / "iter_0" / "heldout"
+    d.mkdir(parents=True)
+    write_jsonl(d / "statements.jsonl", [
+        {"statement": "Generally, a dog can bark.", "form": "adverb+indefinite"},
+        {"statement": "Generally, a dog can fly.", "form": "adverb+indefinite"},
+        {"statement": "Generally, dogs are loyal.", "form": "adverb+bare_plural"}])
+    write_jsonl(heldout_store(tmp_path), [{"statement": "Generally, a dog can bark.", "label": "true"},
+                                          {"statement": "Generally, a dog can fly.", "label": "false"}])
+    rows = heldout_accuracy(tmp_path, by="form")
+    assert [(r["form"], r["n_generations"], r["n_labelled"], r["accuracy"]) for r in rows] == [
+        ("adverb+bare_plural", 1, 0, None), ("adverb+indefinite", 2, 2, 0.5)]
+    assert [r["accuracy"] for r in heldout_accuracy(tmp_path)] == [0.5]  # the iteration as a whole, unchanged
+    m = dict(iteration=0, generator="g", n_prompts=3, n_generations=4, constraint_satisfaction_rate=1.0,
+             critic_model="c", critic_ap=0.7, delta=0.5, accepted_rate=0.5, kept_fraction=0.25, n_kept=1,
+             by_form=forms, heldout_by_form=json.loads(json.dumps(rows)))
+    md = render_markdown(m, {}, [m], None)
+    assert "## Prompt forms" in md
+    assert "| adverb+indefinite | 1 | 2 | 0.500 | 1 | 0.500 (" in md and "n=2) |" in md
+    assert "| adverb+bare_plural | 1 | 1 | 1.000 | 0 | – |" in md

@@ -258,6 +258,20 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
                 "heldout_accuracy", "kept_fraction", "self_bleu_kept", "heldout_self_bleu", "unique_estimate")) + " |")
         lines += ["", "Person-judged accuracy comes from `python -m i2d2.annotate export --blind` / `import --blind` "
                   "(held-out concepts, no scores or iterations shown); `annotate accuracy` recomputes it after labelling."]
+    forms = dict(m.get("by_form") or {})
+    held = {r["form"]: r for r in m.get("heldout_by_form") or []}
+    if forms or held:
+        lines += ["", "## Prompt forms", "",
+                  "| form | prompts | generations | critic-accepted (proxy) | kept | held-out: person-judged accuracy "
+                  "(95 % CI, n) |", "|---|---|---|---|---|---|"]
+        for form in list(forms) + [f for f in held if f not in forms]:
+            f, h = forms.get(form, {}), held.get(form, {})
+            acc = "–" if h.get("accuracy") is None else (f"{_fmt(h['accuracy'])} ({_fmt(h.get('ci95_low'))}–"
+                                                        f"{_fmt(h.get('ci95_high'))}, n={h.get('n_labelled')})")
+            lines.append(f"| {form} | {_fmt(f.get('prompts'))} | {_fmt(f.get('generations'))} | "
+                         f"{_fmt(f.get('accepted_rate'))} | {_fmt(f.get('kept'))} | {acc} |")
+        lines += ["", "The forms' measured yields that chose the default order: "
+                  "`i2d2/data/annotations/prompt_form_yield.json` (README: I2D2 prompts)."]
     if pr_png:
         lines += ["", "## Precision-recall, all iterations", "", f"![PR curves]({pr_png})",
                   "", "Curves use human labels of that iteration's generations of the critic's test concepts where "
@@ -280,6 +294,22 @@ def _distinct(rows: Sequence[Mapping]) -> list[Mapping]:
     return out
 
 
+def by_prompt_form(kept: Sequence[Mapping], dropped: Sequence[Mapping], delta: float | None) -> dict:
+    """This iteration's generations per prompt form (goal prompts as ``goal``): prompts, generations, the
+    critic-accepted share (score > δ: a proxy) and how many were kept. A form's yield that a person judged is the
+    held-out table (``heldout_by_form``, filled in by ``annotate import --blind``)."""
+    out: dict[str, dict] = {}
+    for r, kept_ in [(r, True) for r in kept] + [(r, False) for r in dropped]:
+        f = out.setdefault(str(r.get("form") or "–"), {"prompts": set(), "generations": 0, "accepted": 0, "kept": 0})
+        f["prompts"].add(r.get("prompt_id"))
+        f["generations"] += 1
+        f["accepted"] += int(delta is not None and r.get("critic_score") is not None and r["critic_score"] > delta)
+        f["kept"] += int(kept_)
+    return {form: {"prompts": len(f["prompts"]), "generations": f["generations"], "kept": f["kept"],
+                   "accepted_rate": f["accepted"] / f["generations"] if delta is not None else None}
+            for form, f in sorted(out.items(), key=lambda kv: -kv[1]["generations"])}
+
+
 def pick_samples(kept: Sequence[Mapping], dropped: Sequence[Mapping], n: int = 10, seed: int = 0) -> dict:
     """Sample tables (distinct statements): best and random kept, critic-rejected nearest δ and lowest."""
     rng = np.random.default_rng(seed)
@@ -298,6 +328,7 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
     """Write ``iter_dir/report/{metrics.json, pr_data.json, pr_curves.png}`` and ``iter_dir/report.md``."""
     iter_dir, run_dir = Path(iter_dir), Path(run_dir)
     rdir = iter_dir / "report"
+    metrics = {**metrics, "by_form": by_prompt_form(kept, dropped, metrics.get("delta"))}
     write_json(rdir / "pr_data.json", pr)
     write_json(rdir / "metrics.json", dict(metrics))
     aps = plot_all_iterations(run_dir, int(metrics["iteration"]), rdir / "pr_curves.png")
@@ -318,6 +349,9 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
             hcols = ["iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta",
                      "accepted_rate", "human_accuracy", "kept_fraction", "self_bleu_kept", "unique_estimate"]
             tracker.log_table("report/iterations", hcols, [[h.get(c) for c in hcols] for h in hist])
+        fcols = ["form", "prompts", "generations", "accepted_rate", "kept"]
+        tracker.log_table("report/prompt_forms", fcols, [[f, *(v[c] for c in fcols[1:])]
+                                                         for f, v in metrics["by_form"].items()])
         if aps:
             tracker.log_image("report/pr_curves_all_iterations", rdir / "pr_curves.png")
     return {"report": str(iter_dir / "report.md"), "pr_aps": aps}
@@ -336,11 +370,15 @@ def refresh_heldout_accuracy(run_dir: Path) -> list[Path]:
 
     run_dir = Path(run_dir)
     acc = {int(r["iteration"]): r for r in heldout_accuracy(run_dir)}
+    by_form: dict[int, list] = {}
+    for r in heldout_accuracy(run_dir, by="form"):
+        by_form.setdefault(int(r["iteration"]), []).append(r)
     metrics = {}
     for k in sorted(acc):  # every iteration's numbers first: a report's table of all iterations reads them
         path = run_dir / f"iter_{k}" / "report" / "metrics.json"
         if path.exists():
-            metrics[k] = {**json.loads(path.read_text()), **{key: acc[k][src] for key, src in HELDOUT_KEYS.items()}}
+            metrics[k] = {**json.loads(path.read_text()), **{key: acc[k][src] for key, src in HELDOUT_KEYS.items()},
+                          "heldout_by_form": by_form.get(k, [])}
             write_json(path, metrics[k])
     out = []
     for k, m in metrics.items():
