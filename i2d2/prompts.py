@@ -112,17 +112,18 @@ def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
 
-def noun_kind(concept: Concept, engine=None) -> str:
+def noun_kind(concept: Concept, forms: tuple[str, str]) -> str:
     """``mass`` for a mass noun (the uncountable-noun lexicon: "honey", "rice": singular verb, no a/an, no plural),
     ``plural_only`` for an invariant noun in -s ("scissors", "pliers": plural verb, no a/an), else ``count``
-    (invariant zero plurals such as "sheep" and "fish" are count nouns: "a sheep can", "sheep can")."""
+    (invariant zero plurals such as "sheep" and "fish" are count nouns: "a sheep can", "sheep can"). ``forms``:
+    its (singular, plural), ``noun_forms``."""
     from i2d2.comparatives.entities import is_mass_noun
 
     if concept.plural is not None:  # the concept file says which number it is given in
         return "count"
     if is_mass_noun(concept.text):
         return "mass"
-    singular, plural = noun_forms(concept, engine)
+    singular, plural = forms
     return "plural_only" if singular == plural and concept.text.lower().endswith("s") else "count"
 
 
@@ -132,7 +133,7 @@ def noun_variants(concept: Concept, relation: str, cfg_data, engine=None) -> lis
     plural-only noun only plural phrases ("Generally, scissors can", never "a scissors")."""
     p = engine or _engine()
     singular, plural = noun_forms(concept, p)
-    kind = noun_kind(concept, p)
+    kind = noun_kind(concept, (singular, plural))
     number = phrase_number(relation, _get(cfg_data, "modal_verbs", []), p)
     articles = [a.lower() for a in _get(cfg_data, "articles", ["a", "an", "the"])]
     sep = _get(cfg_data, "adverb_separator", ", ")
