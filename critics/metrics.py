@@ -73,6 +73,19 @@ def precision_at_recall(y, scores, min_recall: float = 0.8) -> float | None:
     return float(p[ok].max()) if ok.any() else 0.0
 
 
+def cut_at_recall(y, scores, min_recall: float) -> float | None:
+    """The threshold δ whose kept set ``score > δ`` has the best precision among those with recall at least
+    ``min_recall``: choose it on dev and apply it to test, where ``precision_at_recall`` picks its threshold on the
+    very rows it scores (a ranking summary, not a filter anyone could run). None where no row is positive."""
+    values, p, r = _cuts(y, scores)
+    if not len(values) or not np.asarray(y).astype(bool).any():
+        return None
+    ok = r >= min_recall - 1e-12  # the last cut keeps every row: recall 1, so some cut is always ok
+    i = int(np.flatnonzero(ok & (p == p[ok].max()))[0])  # among equal precision the highest threshold
+    lower = values[i + 1] if i + 1 < len(values) else values[i] - max(1e-6, abs(values[i]) * 1e-6)
+    return float((values[i] + lower) / 2)
+
+
 def choose_delta(y, scores, target_precision: float) -> dict:
     """The threshold δ with the most recall whose kept set ``score > δ`` reaches ``target_precision``.
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from critics.data import (Collator, LoadReport, StatementDataset, canonical_statement, grouped_split3, label_mapping,
                           load_annotations, normalize_statement)
-from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
+from critics.metrics import average_precision, choose_delta, cut_at_recall, precision_at_recall, precision_recall_at
 from i2d2.io import atomic_dir, write_json, write_jsonl
 from i2d2.schemas import CriticConfig, fill
 from i2d2.lightning_setup import (build_trainer, checkpoint_weights, full_weights, optimizer_steps, plain,
@@ -318,11 +318,15 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     test_rows = _scores_rows(test_idx, texts, concepts, rows, ys, s_test, ppl)
     write_jsonl(out_dir / "test_scores.jsonl", test_rows)
 
+    # precision at the target recall as a filter would get it: the cut is chosen on dev, measured on test
+    r_cut = cut_at_recall(y_dev, s_dev, float(cfg["target_recall"]))
+    r_cut_p, r_cut_r, r_cut_n = (None, None, 0) if r_cut is None else precision_recall_at(y_test, s_test, r_cut)
     summary = {
         "model_dir": str(model_dir), "ap": ap, "ap_perplexity": ap_ppl, "delta": float(delta),
         "precision": precision, "recall": recall, "n_kept_test": n_kept, "target_precision_reached": reached,
         "p_at_r": precision_at_recall(y_test, s_test, float(cfg["target_recall"])),
-        "target_recall": cfg["target_recall"],
+        "target_recall": cfg["target_recall"], "recall_cut": r_cut, "recall_cut_precision": r_cut_p,
+        "recall_cut_recall": r_cut_r, "recall_cut_n_kept": r_cut_n,
         "dev_ap": average_precision(y_dev, s_dev), "dev_precision": dev_precision, "dev_recall": dev_recall,
         "n_kept_dev": dev_kept, **surface, **probes,
         "ap_over_surface": None if surface["surface_ap"] is None else ap - surface["surface_ap"],
@@ -331,8 +335,11 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         "n_train_fit": int(critic_meta(critic).get("n_fit", len(train_idx))),
         "n_test_concepts": len(split_concepts["test"]), "test_valid_rate": float(y_test.mean()),
         "fit_seconds": fit_s, "annotations": report.summary(), "n_unfinished_left_out": n_unfinished,
-        "sources": {"delta": delta_from, "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
-                    "ap, precision, recall, p_at_r, ap_perplexity, surface_ap": "test",
+        "sources": {"delta": delta_from, "recall_cut": "dev (best precision at target_recall)",
+                    "recall_cut_*": "test, at the dev cut",
+                    "p_at_r": "test, its cut chosen on test (a ranking summary like ap)",
+                    "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
+                    "ap, precision, recall, ap_perplexity, surface_ap": "test",
                     "probe_*": "probes.jsonl (hand-written, never trained on)"},
         "pr_curve": str(out_dir / "pr_curve.png"), "score_histogram": str(out_dir / "score_histogram.png"),
     }

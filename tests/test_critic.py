@@ -9,7 +9,7 @@ import pytest
 
 from critics.data import (ANNOTATION_DIR, LoadReport, aggregate_votes, grouped_split, load_annotations,
                           normalize_label)
-from critics.metrics import average_precision, choose_delta, precision_at_recall, precision_recall_at
+from critics.metrics import average_precision, choose_delta, cut_at_recall, precision_at_recall, precision_recall_at
 from i2d2.filtering import filter_and_write, threshold_filter
 from i2d2.io import DataError, read_jsonl
 
@@ -170,6 +170,19 @@ def test_precision_at_recall_and_ap():
     assert average_precision([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1]) == pytest.approx((1 + 2 / 3) / 2)
 
 
+def test_cut_at_recall_is_the_cut_precision_at_recall_reads():
+    # the cut chosen on one set is a δ for the filter's rule ``score > δ``: on the same rows it reproduces
+    # precision_at_recall, and applied to other rows it is what a filter run at that recall gets
+    for r in (0.5, 0.8, 1.0):
+        p, rec, _ = precision_recall_at(Y, S, cut_at_recall(Y, S, r))
+        assert p == pytest.approx(precision_at_recall(Y, S, r)) and rec >= r - 1e-12
+    assert cut_at_recall([0, 0], [0.4, 0.3], 0.8) is None
+    # a cut picked on dev, applied to test rows ranked worse: the test's own best cut is better than what it gets
+    cut = cut_at_recall([1, 1, 0, 0], [0.9, 0.8, 0.3, 0.2], 0.8)
+    assert 0.3 < cut < 0.8
+    assert precision_recall_at([1, 0, 1, 0], [0.9, 0.85, 0.2, 0.1], cut)[:2] == (0.5, 0.5)
+
+
 def test_threshold_filter_keeps_scores_above_delta(tmp_path):
     rows = [{"generation": f"g{i}", "prompt_id": i} for i in range(5)]
     kept, dropped = threshold_filter(rows, np.array([0.9, 0.5, 0.2, 0.51, 0.5]), 0.5)
@@ -232,6 +245,11 @@ def test_tiny_critic_trains_and_writes_outputs(tiny_critic):
     s = np.array([r["critic_score"] for r in test])
     p, r, n = precision_recall_at(y, s, res["delta"])
     assert (p, r, n) == (res["precision"], pytest.approx(res["recall"]), res["n_kept_test"])
+    # precision at the target recall as a filter gets it: the cut from dev, its numbers from test
+    cut = cut_at_recall([r["y"] for r in dev], [r["critic_score"] for r in dev], cfg.target_recall)
+    assert res["recall_cut"] == pytest.approx(cut)
+    p, r, n = precision_recall_at(y, s, cut)
+    assert (res["recall_cut_precision"], res["recall_cut_recall"], res["recall_cut_n_kept"]) == (p, r, n)
     assert res["ap"] == pytest.approx(average_precision(y, s))
     assert res["ap_perplexity"] == pytest.approx(average_precision(y, -np.log([v["perplexity"] for v in test])))
     # the surface floor and the probes are measured every time

@@ -350,7 +350,8 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
         tracker.log_metrics({f"critic/test_{k}_{name}": c[k] for name, c in cut_test.items()
                              if c["precision"] is not None for k in ("precision", "n_kept")})
     return {**summary, "critic": {**{k: critic.get(k) for k in (
-        "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "n_train", "n_dev", "n_test",
+        "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "recall_cut", "recall_cut_precision",
+        "recall_cut_recall", "recall_cut_n_kept", "n_train", "n_dev", "n_test",
         "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test", "sources")},
         "cuts_test": cut_test}}
 
