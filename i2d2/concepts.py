@@ -239,13 +239,15 @@ def resolve_path(path: str, base_dir: str | None) -> Path:
 
 
 def data_files(cfg_data) -> list[Path]:
-    """Every file the prompt builder reads for ``cfg_data`` (enabled concept sources, relational-phrase lists),
-    resolved as the loaders resolve them: stages fingerprint these files' bytes, so an edited concepts.txt is
-    a new input even though its path is the same."""
+    """Every file the prompt builder reads for ``cfg_data`` (enabled concept sources, relational-phrase lists, the
+    noun lexicons that decide a noun's number), resolved as the loaders resolve them: stages fingerprint these files'
+    bytes, so an edited concepts.txt is a new input even though its path is the same."""
+    from i2d2.comparatives.entities import PLURAL_ONLY, UNCOUNTABLE
+
     base = cfg_data.get("dir")
     paths = [resolve_path(src["path"], base) for src in (cfg_data.get("sources") or {}).values() if src]
     paths += [resolve_path(rel, base) for rel in (cfg_data.get("relations") or {}).values() if rel]
-    return paths
+    return paths + [UNCOUNTABLE, PLURAL_ONLY]
 
 
 SOURCE_KEYS = ("path", "format", "kind", "relations", "max_concepts", "options", "on_error")

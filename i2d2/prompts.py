@@ -113,18 +113,21 @@ def _cap(s: str) -> str:
 
 
 def noun_kind(concept: Concept, forms: tuple[str, str]) -> str:
-    """``mass`` for a mass noun (the uncountable-noun lexicon: "honey", "rice": singular verb, no a/an, no plural),
-    ``plural_only`` for an invariant noun in -s ("scissors", "pliers": plural verb, no a/an), else ``count``
-    (invariant zero plurals such as "sheep" and "fish" are count nouns: "a sheep can", "sheep can"). ``forms``:
-    its (singular, plural), ``noun_forms``."""
-    from i2d2.comparatives.entities import is_mass_noun
+    """``mass`` for a mass noun (the uncountable-noun lexicon: "honey", "rice", "homework": singular verb, no a/an,
+    no plural), ``plural_only`` for a noun with no singular in use (the plural-only lexicon: "jeans", "glasses",
+    "pliers"; or any invariant noun in -s such as "scissors": plural verb, no a/an), else ``count`` (invariant zero
+    plurals such as "sheep" and "fish" are count nouns: "a sheep can", "sheep can"). ``forms``: its (singular,
+    plural), ``noun_forms``."""
+    from i2d2.comparatives.entities import is_mass_noun, is_plural_only
 
     if concept.plural is not None:  # the concept file says which number it is given in
         return "count"
     if is_mass_noun(concept.text):
         return "mass"
     singular, plural = forms
-    return "plural_only" if singular == plural and concept.text.lower().endswith("s") else "count"
+    if is_plural_only(concept.text) or (singular == plural and concept.text.lower().endswith("s")):
+        return "plural_only"
+    return "count"
 
 
 def noun_variants(concept: Concept, relation: str, cfg_data, engine=None) -> list[Variant]:

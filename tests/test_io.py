@@ -157,7 +157,10 @@ def test_prompt_inputs_are_the_concept_files_bytes(tmp_path):
     (tmp_path / "nouns.txt").write_text("violin\n")
     (tmp_path / "rel.txt").write_text("can\n")
     data = {"dir": str(tmp_path), "sources": {"n": {"path": "nouns.txt"}, "off": None}, "relations": {"r": "rel.txt"}}
-    assert data_files(data) == [tmp_path / "nouns.txt", tmp_path / "rel.txt"]
+    from i2d2.comparatives.entities import PLURAL_ONLY, UNCOUNTABLE
+
+    # the noun lexicons decide a noun's number, so a prompt's wording: they are inputs too
+    assert data_files(data) == [tmp_path / "nouns.txt", tmp_path / "rel.txt", UNCOUNTABLE, PLURAL_ONLY]
     before = io.fingerprint("prompts", data, *data_files(data))
     (tmp_path / "nouns.txt").write_text("violin\ncello\n")  # same path, new content
     assert io.fingerprint("prompts", data, *data_files(data)) != before

@@ -29,6 +29,7 @@ from i2d2.io import DataError, open_text, read_json, read_text, text_lines
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "comparatives" / "classes.json"
 UNCOUNTABLE = CONF_DIR / "wordlists" / "uncountable_nouns.txt"
+PLURAL_ONLY = CONF_DIR / "wordlists" / "plural_only_nouns.txt"
 
 
 @dataclass(frozen=True)
@@ -51,22 +52,36 @@ def _inflect():
     return inflect.engine()
 
 
-@functools.lru_cache(maxsize=4)
-def load_uncountable(path: str | Path | None = None) -> frozenset[str]:
-    """The uncountable-noun lexicon: one lower-case noun (or multi-word name) a line, '#' comments."""
-    path = Path(path) if path else UNCOUNTABLE
+@functools.lru_cache(maxsize=8)
+def load_lexicon(path: str | Path) -> frozenset[str]:
+    """A noun lexicon: one lower-case noun (or multi-word name) a line, '#' comments."""
+    path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"uncountable-noun lexicon not found: {path}")
+        raise FileNotFoundError(f"noun lexicon not found: {path}")
     words = (ln.split("#", 1)[0].strip().lower() for ln in read_text(path).splitlines())
     return frozenset(w for w in words if w)
+
+
+def load_uncountable(path: str | Path | None = None) -> frozenset[str]:
+    """The uncountable-noun lexicon (``conf/wordlists/uncountable_nouns.txt`` by default)."""
+    return load_lexicon(path or UNCOUNTABLE)
+
+
+def _in_lexicon(name: str, lexicon: frozenset[str]) -> bool:
+    words = name.lower().split()
+    return bool(words) and (" ".join(words) in lexicon or words[-1] in lexicon)
 
 
 def is_mass_noun(name: str, lexicon: frozenset[str] | None = None) -> bool:
     """Is the noun phrase a mass noun? Its whole name or its head (last word) is in the lexicon:
     'gold', 'stainless steel', 'cheddar' yes; 'steel beam', 'rice cooker' no (their heads count)."""
-    lexicon = load_uncountable() if lexicon is None else lexicon
-    words = name.lower().split()
-    return bool(words) and (" ".join(words) in lexicon or words[-1] in lexicon)
+    return _in_lexicon(name, load_uncountable() if lexicon is None else lexicon)
+
+
+def is_plural_only(name: str, lexicon: frozenset[str] | None = None) -> bool:
+    """Is the noun phrase plural only ('jeans', 'reading glasses', 'scissors': no singular a sentence uses, where
+    inflect would give 'jean' / 'glass')? Its whole name or its head is in ``conf/wordlists/plural_only_nouns.txt``."""
+    return _in_lexicon(name, load_lexicon(PLURAL_ONLY) if lexicon is None else lexicon)
 
 
 def pluralize(name: str, lexicon: frozenset[str] | None = None) -> str:
