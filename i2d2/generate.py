@@ -153,8 +153,8 @@ def check_config(cfg: DictConfig) -> None:
     """Every value this command reads, checked before the ``generate.out_dir`` lock and any model load (``main``
     runs it after ``check_start``, which refuses unknown ``generate.*`` keys; ``generate`` runs it again for callers
     that skip ``main``): the generate.* values, the concepts, the prompt data config, the decoding ranges (a
-    ``decoding.beam_size=0`` was a traceback after the prompts were built), the shard and perplexity batch sizes
-    and the inference device. Raises a ValueError or RuntimeError naming the key."""
+    ``decoding.beam_size=0`` was a traceback after the prompts were built), the model and critic folders it would
+    read from ``run_dir``, the shard and perplexity batch sizes and the inference device. Raises a ValueError or RuntimeError naming the key."""
     from i2d2.config import ConfigError, need_counts
     from i2d2.lightning_setup import resolve_device
     from i2d2.schemas import DecodingConfig
@@ -170,6 +170,8 @@ def check_config(cfg: DictConfig) -> None:
     need_counts(cfg, "data.generation.shard_size", "data.perplexity.batch_size", "data.perplexity.chunk_size",
                 null_ok=True)
     resolve_device(cfg.trainer)
+    # the run's model and critic folders (read only): a missing one was refused after the out_dir lock and setup
+    resolve_critic(cfg, resolve_model(cfg)[1])
 
 
 def generate(cfg: DictConfig) -> list[dict]:

@@ -34,6 +34,8 @@ def critic_dir(tmp_path):
     ("generate.top_k=-2", "generate.top_k"),              # checked only after the out_dir lock and setup_run
     ("generate.iteration=1.5", "generate.iteration"),     # int() took it as iteration 1
     ("data.generation.shard_size=-1", "data.generation.shard_size"),  # a traceback after the model loaded
+    ("generate.iteration=3", "generate.iteration=3"),     # no iter_3/model: refused after the lock and setup_run
+    ("generate.model=tiny:gpt2", "generate.critic"),      # no critic in run_dir: the same
 ])
 def test_bad_input_is_refused_before_the_lock_naming_the_key(tmp_path, monkeypatch, capsys, override, key):
     import i2d2.generate as gen
