@@ -552,7 +552,7 @@ def test_a_sets_tables_do_not_depend_on_its_batch(tiny_gpt2):
                       cp.ph_out[own, k].tolist(), cp.ph_prog[own, k].tolist())
                      for k in range(int((cp.ph_gidx[i] >= 0).sum()))],
             automaton={(s, words[w]): v for (s, w), v in np.ndenumerate(nxt[0, :n_own, :cp.Wc1].numpy()) if v},
-            group_ends=cp.ph_gout[own][:, cp.grp_max[i] < PAD_LEN].tolist(), clause_ends=cp.ph_hit[own, :nc].tolist(),
+            group_ends=cp.ph_gout[own][:, cp.grp_max[i] < PAD_LEN].tolist(), clause_ends=cp.ph_lit[own, :nc].tolist(),
             neg=cp.neg_total[i, :nc].tolist(), has_pos=cp.cl_has_pos[i, :nc].tolist(), pos_len=lens,
             pos_words=[tuple(words[w] for w in r if w >= 0) for r in cp.pos_words[i, :n].tolist()],
             pos_clause=cp.pos_clause[i, :n].tolist(), pos_dyn=cp.pos_dyn[i, :n].tolist(),

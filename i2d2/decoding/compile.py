@@ -64,7 +64,9 @@ class Compiled:
     ph_out: torch.Tensor  # [B * 2S, Lph] phrases ending at the row (0 / 1)
     ph_prog: torch.Tensor  # [B * 2S, Lph] words of each phrase matched
     ph_gout: torch.Tensor  # [B * 2S, G] count-group increments of the phrases ending at the row
-    ph_hit: torch.Tensor  # [B * 2S, Cl] a positive phrase literal of the clause ends at the row
+    # [B * 2S, Cl] the literal index (into ``lits``) of a positive phrase literal of the clause ending at the row, else
+    # -1: read per word event, it names the literal that satisfied the clause where it ended first
+    ph_lit: torch.Tensor
     ph_gidx: torch.Tensor
     ph_cl_pos: torch.Tensor  # [B, Lph, Cl] float
     ph_cl_neg: torch.Tensor
@@ -563,7 +565,12 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         ph_prog[b, :, :n, : rr.ph_prog.shape[1]] = rr.ph_prog
     ph_out = ph_out.reshape(B, 2 * S, Lw)
     ph_gout = (ph_out @ ph_grp.astype(np.int64)).reshape(B * 2 * S, G)
-    ph_hit = (ph_out @ ph_cl_pos.astype(np.int64) > 0).reshape(B * 2 * S, Cl)
+    ph_lit = np.full((B, 2 * S, Cl), -1, dtype=np.int64)
+    pb, pk, pc = np.nonzero(ph_cl_pos)  # positive phrase literals (few: NeuroComparatives' phrases are count words)
+    t, s = np.nonzero(ph_out[pb, :, pk])
+    # of phrases of one clause ending together the last listed is named
+    np.maximum.at(ph_lit, (pb[t], s, pc[t]), ph_gidx[pb[t], pk[t]])
+    ph_lit = ph_lit.reshape(B * 2 * S, Cl)
     ph_out = ph_out.reshape(B * 2 * S, Lw)
     # positive literals: lookahead and progress
     Lp = max([len(rr.pos) for rr in rrs] + [1])
@@ -602,7 +609,7 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         B=B, Cl=Cl, G=G, lits=rows, n_clauses=ncl, F=F,
         Wc1=Wc1, wtab=dv(wtab), wlit=dv(wlit), Lph=Lph, ph_S=S,
         ph_next=dv(ph_next.reshape(-1)), ph_out=dv(ph_out), ph_prog=dv(ph_prog.reshape(B * 2 * S, Lw)),
-        ph_gout=dv(ph_gout), ph_hit=dv(ph_hit),
+        ph_gout=dv(ph_gout), ph_lit=dv(ph_lit),
         ph_gidx=dv(ph_gidx), ph_cl_pos=dv(ph_cl_pos),
         ph_cl_neg=dv(ph_cl_neg),
         ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()),

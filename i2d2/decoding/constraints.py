@@ -288,6 +288,40 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
                 if by:
                     raise ConstraintError(f"{pre}{c.name or f'count constraint {j}'}: word {w!r} is forbidden "
                                           f"(max_count=0) but required by {by}")
+    # a positive clause whose every literal is forbidden outright can never be satisfied (single-literal ones are
+    # caught above); a literal forbidden only inside an OR, or under a max_count >= 1, may still occur
+    forbidden = {}  # words -> (text, label) of a one-literal negative clause or a max_count=0 word
+    for i, c in enumerate(cs.clauses):
+        if len(c.literals) == 1 and not c.literals[0].positive:
+            forbidden.setdefault(c.literals[0].words(), (c.literals[0].text, labels[i]))
+    for j, c in enumerate(cs.counts):
+        if int(c.max_count) == 0:
+            for w in c.words:
+                forbidden.setdefault(phrase_words(w), (w, f"{c.name or f'count constraint {j}'} (max_count=0)"))
+
+    def forbidding(text):
+        """How ``text`` is forbidden (as the message says it), else None."""
+        words = phrase_words(text)
+        f = next((f for f in forbidden if _occurs_in(f, words)), None)
+        if f is None:
+            return None
+        ftext, by = forbidden[f]
+        return f"{text!r} by {by}" + ("" if f == words else f" ({ftext!r} occurs in it)")
+
+    if forbidden:
+        positive = [(labels[i], [l.text for l in c.literals]) for i, c in enumerate(cs.clauses)
+                    if all(l.positive for l in c.literals)]
+        positive += [(labels[len(cs.clauses) + j], list(d.words)) for j, d in enumerate(cs.dynamic)]
+        for label, texts in positive:
+            why = []
+            for text in texts:  # stops at the first allowed literal (a NeuroComparatives clause has ~300)
+                w = forbidding(text)
+                if w is None:
+                    break
+                why.append(w)
+            else:
+                raise ConstraintError(f"{pre}{label}: every literal is forbidden elsewhere, so the clause can never "
+                                      f"be satisfied: {', '.join(why)}")
     # a clause is ranked when a positive literal of it first occurs, so ranks stop at the number of clauses with one:
     # positions all beyond that leave the clause nothing but its negative literals
     ranked = sum(any(l.positive for l in c.literals) for c in cs.clauses) + len(cs.dynamic)

@@ -302,10 +302,11 @@ class NeuroLogicDecoder:
         d = _take(lt["wtab"], uidx)  # [E, N, C, 2Cl+G]
         inc = d.sum(0)
         lits = _take(lt["wlit"], uidx)  # [E, N, C, Cl]: the first event naming a literal of the clause wins
-        lit = lits[E - 1]
-        for e in range(E - 2, -1, -1):  # E is 1-3: elementwise selects beat a reduction over a short outer dim
-            lit = torch.where(lits[e] >= 0, lits[e], lit)
-        cmatch = torch.where(st.cmatch[:, None, :] < 0, lit, st.cmatch[:, None, :])
+        lit = None  # with positive phrases the phrase loop below picks it, event by event
+        if not cp.has_pos_phrase:
+            lit = lits[E - 1]
+            for e in range(E - 2, -1, -1):  # E is 1-3: elementwise selects beat a reduction over a short outer dim
+                lit = torch.where(lits[e] >= 0, lits[e], lit)
         cpos = st.cpos[:, None, :] + inc[..., :Cl]
         has_neg = cp.has_neg  # without negative literals cneg stays 0 and no clause holds by absence
         cneg = st.cneg[:, None, :] + inc[..., Cl:2 * Cl] if has_neg else None
@@ -340,20 +341,23 @@ class NeuroLogicDecoder:
                 if cp.ph_has_grp:
                     g = _take(cp.ph_gout, ph_state)
                     g_inc = g if g_inc is None else g_inc + g
-                if by_pos and cp.has_pos_phrase:
-                    hit = _take(cp.ph_hit, ph_state)
-                    ph_hit_e = (torch.where(hit, e, E) if ph_hit_e is None
-                                else torch.where(hit & (ph_hit_e == E), e, ph_hit_e))
+                if cp.has_pos_phrase:
+                    # a phrase literal ending at this event names its clause unless an earlier event did (a phrase
+                    # of the clause may end a word before a one-word literal of it in one token: " car park,");
+                    # where the clause had a positive literal before this step, cmatch below keeps that one
+                    pl = _take(cp.ph_lit, ph_state)  # [N, C, Cl]
+                    el = torch.where(lits[e] >= 0, lits[e], pl)  # at one event the one-word literal is named
+                    lit = el if lit is None else torch.where(lit >= 0, lit, el)
+                    if by_pos:
+                        hit = pl >= 0
+                        ph_hit_e = (torch.where(hit, e, E) if ph_hit_e is None
+                                    else torch.where(hit & (ph_hit_e == E), e, ph_hit_e))
             if cp.ph_track_occ:  # phrases that occur for the first time
                 occ0 = st.ph_occ[:, None, :]
                 occ = occ0 + n_comp
                 newly = ((occ > 0) & (occ0 == 0)).float().reshape(B, K * C, Lph)
             if cp.has_pos_phrase:
                 cpos = cpos + torch.bmm(newly, cp.ph_cl_pos).reshape(N, C, Cl).long()
-                # literal that satisfied clause c (phrase case): a product and a max over a precomputed table (a
-                # where() over [N, C, Lph, Cl] costs 3x more on a CPU)
-                li = ((newly.reshape(N, C, Lph, 1) > 0) * lt["ph_lit1"]).max(2).values - 1
-                cmatch = torch.where(cmatch < 0, li, cmatch)
                 if by_pos:
                     hit_e = torch.minimum(hit_e, ph_hit_e)
             if cp.ph_has_neg:
@@ -363,6 +367,7 @@ class NeuroLogicDecoder:
             ph_occ = occ.clamp(max=1 << 20) if cp.ph_track_occ else None
         else:
             ph_state = ph_occ = None
+        cmatch = torch.where(st.cmatch[:, None, :] < 0, lit, st.cmatch[:, None, :])
         # clause level
         pos_hit = cpos > 0
         count_viol = (gcnt > lt["grp_max"]).any(-1)
@@ -559,8 +564,6 @@ class NeuroLogicDecoder:
             "nodeoff": (rep * cp.node_word.numel())[:, None],
             "wtab": cp.wtab.reshape(B * cp.Wc1, -1),
             "wlit": cp.wlit.reshape(B * cp.Wc1, -1),
-            # [N, 1, Lph, Cl]: 1 + global literal index where the phrase is a positive literal of the clause, else 0
-            "ph_lit1": torch.where(cp.ph_cl_pos > 0, cp.ph_gidx[..., None] + 1, 0)[rep][:, None],
             "inner_ev": self._inner_events(cp),
             # [V] the trie node a token's text after its last separator reaches from the root (-> DEAD if none)
             "tail_node": self._lookup(cp, torch.zeros_like(self.t_tail), self.t_tail),
