@@ -180,6 +180,7 @@ def goal_variants(concept: Concept, cfg_data) -> list[Variant]:
 def build_constraints(variant: Variant, related: str | None, cfg_constraints, engine=None) -> dict:
     """The A.1.4 constraints of one prompt as ``ConstraintSet.to_dict()``."""
     from i2d2.decoding import Clause, ConstraintSet, CountConstraint, Literal
+    from i2d2.decoding.constraints import occurs_in, phrase_words
 
     c = cfg_constraints
     p = engine or _engine()
@@ -194,18 +195,21 @@ def build_constraints(variant: Variant, related: str | None, cfg_constraints, en
     if _get(c, "forbid_relation", True):
         rel = variant.relation.lower()
         clauses.append(Clause([Literal(rel, positive=False)], name=f"no_relation:{rel}"))
-    if related and _get(c, "require_related", True):
-        sing, plur = noun_forms(Concept(related), p)
-        forms = _unique_lower([related, plur]) if sing.lower() == related.lower() else _unique_lower([related, sing])
-        forbidden = {lit.text for cl in clauses for lit in cl.literals}
-        forms = [f for f in forms if f not in forbidden]  # never require what is forbidden (related == concept)
-        if forms:
-            clauses.append(Clause([Literal(f) for f in forms], name=f"related:{related.lower()}"))
     counts = [
         CountConstraint(_words(c, "function_words"), int(_get(c, "max_function_words", 1)), name="function_words"),
         CountConstraint(_words(c, "connectives"), 0, name="connectives"),
     ]
     counts = [k for k in counts if k.words]
+    if related and _get(c, "require_related", True):
+        sing, plur = noun_forms(Concept(related), p)
+        forms = _unique_lower([related, plur]) if sing.lower() == related.lower() else _unique_lower([related, sing])
+        # never require what is forbidden, or what holds a forbidden word: related == concept, "hot dog" beside
+        # "dog", "salt and pepper" beside the connective "and" (validate refuses such a set: it cannot be met)
+        forbidden = [phrase_words(lit.text) for cl in clauses for lit in cl.literals]
+        forbidden += [phrase_words(w) for k in counts if k.max_count == 0 for w in k.words]
+        forms = [f for f in forms if not any(occurs_in(w, phrase_words(f)) for w in forbidden)]
+        if forms:
+            clauses.append(Clause([Literal(f) for f in forms], name=f"related:{related.lower()}"))
     return ConstraintSet(clauses=clauses, counts=counts).to_dict()
 
 

@@ -181,6 +181,27 @@ def test_constraints_built_as_specified(tmp_path, tiny_gpt2):
             assert not any(n.startswith("related:") for n in clauses)
 
 
+@pytest.mark.parametrize("concept, related, kept", [
+    ("dog", "hot dog", set()),              # "dog" is forbidden, so "hot dog(s)" can never be written
+    ("bread", "salt and pepper", set()),    # the connective "and" has max_count 0
+    ("dog", "cat", {"cat", "cats"}),
+    ("table", "cup of tea", {"cup of tea"}),  # "of" is a function word: one is allowed
+])
+def test_a_related_form_that_holds_a_forbidden_word_is_not_required(concept, related, kept):
+    """validate refuses a clause whose every literal is forbidden; the prompt builder must not make one (it was
+    a DataError stopping generation)."""
+    from i2d2.decoding import ConstraintSet
+    from i2d2.decoding.constraints import validate
+    from i2d2.prompts import Variant, build_constraints
+
+    cfg = OmegaConf.load(ROOT / "conf/data/generics.yaml").constraints
+    v = Variant(f"A {concept} is", Concept(concept), "is", "A {concept} is", concept, None, "a", "sg")
+    d = build_constraints(v, related, cfg)
+    validate(ConstraintSet.from_dict(d))
+    req = [c for c in d["clauses"] if c["name"].startswith("related:")]
+    assert {lit["text"] for c in req for lit in c["literals"]} == kept
+
+
 # ----------------------------------------------------------------------------- concept loaders
 
 def test_malformed_lines_reported_with_line_numbers(tmp_path):

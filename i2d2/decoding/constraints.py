@@ -268,7 +268,7 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
 
     def required_by(words):
         """The label of a required literal that ``words`` occur in, else None."""
-        return next((lab for r, lab in required.items() if _occurs_in(words, r)), None)
+        return next((lab for r, lab in required.items() if occurs_in(words, r)), None)
 
     for i, c in enumerate(cs.clauses):
         by = required_by(c.literals[0].words()) if len(c.literals) == 1 and not c.literals[0].positive else None
@@ -302,7 +302,7 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
     def forbidding(text):
         """How ``text`` is forbidden (as the message says it), else None."""
         words = phrase_words(text)
-        f = next((f for f in forbidden if _occurs_in(f, words)), None)
+        f = next((f for f in forbidden if occurs_in(f, words)), None)
         if f is None:
             return None
         ftext, by = forbidden[f]
@@ -332,7 +332,7 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
                                   f"{ranked} clauses can be satisfied in order")
 
 
-def _occurs_in(part: tuple, whole: tuple) -> bool:
+def occurs_in(part: tuple, whole: tuple) -> bool:
     """Whether the words ``part`` occur as consecutive words of ``whole``."""
     n = len(part)
     return any(whole[k:k + n] == part for k in range(len(whole) - n + 1))
