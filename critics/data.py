@@ -162,17 +162,26 @@ PAIR_SEPARATOR = "|"  # an entity pair's concept, "X | Y" (NeuroComparatives' pa
 
 
 def split_groups(concepts: Sequence[str]) -> list[str]:
-    """The group each concept is split by: the concept however it is spelled ("Dog" and "dog" are one), and an entity
-    pair in either order ("tulip | daffodil" and "daffodil | tulip", both made under ``data.both_orders``) one
-    pair, so that neither order of a pair sits in training while the other is tested. A reversed pair takes the
-    first-seen order's key: a set without reversed pairs keeps the keys, and so the splits, it had."""
+    """The group each concept is split by: the concept however it is spelled ("Dog" and "dog" are one), and every
+    entity pair ("X | Y", NeuroComparatives' pair_id) joined with each pair or concept that shares an entity with it
+    (connected components): "tulip | daffodil", "daffodil | tulip" (both made under ``data.both_orders``) and
+    "daffodil | rose" are one group, so no test statement is about an entity the critic was trained on. A group takes
+    the key of its first-seen concept: a set whose concepts share no entity keeps the keys, and so the splits, it had."""
+    keys = [normalize_statement(c) for c in concepts]
+    parts = [[p.strip() for p in k.split(PAIR_SEPARATOR)] if k.count(PAIR_SEPARATOR) == 1 else [k] for k in keys]
+    parent: dict = {}
+
+    def root(e):
+        while parent.setdefault(e, e) != e:
+            parent[e] = parent[parent[e]]  # path halving
+            e = parent[e]
+        return e
+
+    for ps in parts:
+        for e in ps[1:]:
+            parent[root(e)] = root(ps[0])
     first: dict = {}
-    out = []
-    for c in concepts:
-        key = normalize_statement(c)
-        parts = [p.strip() for p in key.split(PAIR_SEPARATOR)]
-        out.append(first.setdefault(frozenset(parts) if len(parts) == 2 else key, key))
-    return out
+    return [first.setdefault(root(ps[0]), k) for ps, k in zip(parts, keys)]
 
 
 def grouped_split(concepts: Sequence[str], labels: Sequence[int], val_fraction: float = 0.2, seed: int = 0,

@@ -264,6 +264,10 @@ def test_cut_precision_on_labelled_rows_and_the_floor_warning():
     assert all(wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0 for n in range(1, 200))
     assert round(wilson_interval(0, 10)[1], 3) == 0.278 and round(wilson_interval(10, 10)[0], 3) == 0.722
     assert "Warning" not in "\n".join(_discriminator_lines(dict(c, ap=0.8)))
+    # an AP near the share valid is a random ranking: the cuts are then said to be no better than keeping everything
+    assert "ranks at chance" not in md
+    chance = "\n".join(_discriminator_lines(dict(c, ap=0.422, test_valid_rate=0.448)))
+    assert "Warning: the discriminator ranks at chance on test** (AP 0.422, share valid 0.448)" in chance
     # the report states the margin it applies: 0.15, or half the room left above a high floor
     assert "(must beat it by ≥ 0.15) | 0.555 |" in md
     assert "(must beat it by ≥ 0.07) | 0.870 |" in "\n".join(_discriminator_lines(dict(c, ap=0.95, surface_ap=0.87)))

@@ -552,11 +552,16 @@ def _discriminator_lines(c: dict) -> list[str]:
     """The report's discriminator section: every number from the critic's test split (pairs it never trained on)."""
     from critics.surface import floor_warning, margin_text
 
-    lines = ["", "## Discriminator (test split: labelled comparatives of pairs the critic never trained on)", ""]
+    lines = ["", "## Discriminator (test split: labelled comparatives about entities the critic never trained on)", ""]
     below = floor_warning(c.get("ap"), c.get("surface_ap"), what="the discriminator")
     if below:
         lines += [f"> **Warning: {below}.** What the smaller cuts gain over keeping everything is their test "
                   "precision below, against the share valid.", ""]
+    base, ap = c.get("test_valid_rate"), c.get("ap")
+    if base is not None and ap is not None and ap <= base + 0.05:
+        # AP of a random ranking is the base rate: NC-L / NC-S are then random subsets, smaller but no better
+        lines += [f"> **Warning: the discriminator ranks at chance on test** (AP {fmt(ap)}, share valid "
+                  f"{fmt(base)}): the smaller cuts are smaller sets, not more precise ones.", ""]
     lines += ["| measure | value |", "|---|---|",
               f"| labelled statements train / dev / test (test pairs) | {c.get('n_train')} / {c.get('n_dev')} / "
               f"{c.get('n_test')} ({fmt(c.get('n_test_concepts'))}) |",
