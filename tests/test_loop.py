@@ -332,7 +332,11 @@ def test_generate_command_ctrl_c_exits_130_naming_what_is_kept_and_releases_its_
 
     monkeypatch.setattr(gen, "generate", stopped)
     out = tmp_path / "out"
-    cfg = make_cfg(tmp_path / "run", "generate.concepts=[violin]", f"generate.out_dir={out}", name="generate")
+    critic = tmp_path / "critic"  # start-up checks the critic folder exists (a trained one is not needed here)
+    critic.mkdir()
+    (critic / "critic_meta.json").write_text("{}")
+    cfg = make_cfg(tmp_path / "run", "generate.concepts=[violin]", f"generate.out_dir={out}", "generate.iteration=null",
+                   f"generate.critic={critic}", name="generate")
     with pytest.raises(SystemExit) as e:
         gen.main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
     assert e.value.code == 130
