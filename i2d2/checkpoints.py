@@ -14,8 +14,9 @@ Every Lightning checkpoint goes through :class:`VerifiedCheckpointIO` (installed
   which one was used and why.
 
 A checkpoint without a record (written before this existed) is accepted when its zip structure and CRCs are
-sound. DeepSpeed checkpoints (directories) are checked by ``lightning_setup.resume_checkpoint`` instead, with
-:func:`deepspeed_problem` (and moved aside by :func:`quarantine`).
+sound. DeepSpeed checkpoints (directories) are written whole by ``lightning_setup._AtomicDeepSpeedSave`` and
+checked by ``lightning_setup.resume_checkpoint`` instead, with :func:`deepspeed_problem` (and moved aside by
+:func:`quarantine`).
 """
 
 from __future__ import annotations

@@ -245,6 +245,52 @@ def is_deepspeed_checkpoint(path: Path) -> bool:
     return path.is_dir() and (path / "latest").is_file()
 
 
+PARTIAL = ".partial"  # a DeepSpeed checkpoint directory being written
+REPLACED = ".prev"  # the one it replaces, between the two renames of a save
+
+
+class _AtomicDeepSpeedSave:
+    """DeepSpeed checkpoints written whole or not at all. DeepSpeed writes a checkpoint as several files (model
+    states, then each rank's optimizer shard, then ``latest``) under one fixed tag, over the previous checkpoint's
+    files: a kill between two of them left the new model states beside the old optimizer shards, every file sound,
+    and the resume read the mix. So every rank writes into ``<path>.partial`` and, once all have, rank 0 moves the
+    finished directory into place (the old one aside as ``<path>.prev`` for the moment between the two renames,
+    then deleted: keeping it would double a ZeRO checkpoint's disk use). ``resume_checkpoint`` falls back to
+    ``<path>.prev`` when a kill came between the renames."""
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        import shutil
+
+        path = Path(self.broadcast(str(filepath)))
+        partial, replaced = Path(f"{path}{PARTIAL}"), Path(f"{path}{REPLACED}")
+        if self.is_global_zero:
+            shutil.rmtree(partial, ignore_errors=True)  # what a killed save left
+        self.barrier("deepspeed_checkpoint_start")
+        super().save_checkpoint(checkpoint, partial, storage_options)  # ends with a barrier over every rank
+        if self.is_global_zero:
+            if path.exists():
+                shutil.rmtree(replaced, ignore_errors=True)
+                os.replace(path, replaced)
+            os.replace(partial, path)
+            shutil.rmtree(replaced, ignore_errors=True)
+        self.barrier("deepspeed_checkpoint_done")
+
+
+_ATOMIC_CLASSES: dict = {}
+
+
+def atomic_deepspeed(strategy_cfg: Mapping):
+    """The DeepSpeed strategy a ``trainer.strategy`` config names (DeepSpeedStrategy, or a subclass of it), built
+    as a subclass with ``_AtomicDeepSpeedSave``'s saves."""
+    import hydra
+
+    cls = hydra.utils.get_class(str(strategy_cfg["_target_"]))
+    if cls not in _ATOMIC_CLASSES:
+        _ATOMIC_CLASSES[cls] = type(f"Atomic{cls.__name__}", (_AtomicDeepSpeedSave, cls), {})
+    kwargs = hydra.utils.instantiate({k: v for k, v in strategy_cfg.items() if k != "_target_"}, _convert_="all")
+    return _ATOMIC_CLASSES[cls](**kwargs)
+
+
 def resume_checkpoint(path: str | os.PathLike, trainer) -> str | None:
     """The checkpoint (``ckpt_path``) from which ``trainer`` resumes a killed fit, or None to start afresh.
 
@@ -253,6 +299,9 @@ def resume_checkpoint(path: str | os.PathLike, trainer) -> str | None:
     from i2d2.checkpoints import pick_resume
 
     path, deepspeed = Path(path), uses_deepspeed(trainer)
+    if not path.exists() and deepspeed and is_deepspeed_checkpoint(Path(f"{path}{REPLACED}")):
+        path = Path(f"{path}{REPLACED}")  # a kill between a save's two renames (_AtomicDeepSpeedSave)
+        log.warning("resuming from %s: the checkpoint that replaced it was not moved into place", path)
     if not path.exists():
         return None if deepspeed else pick_resume(path)  # a kill between a save's renames leaves <path>.prev
     if path.is_dir():
@@ -313,12 +362,13 @@ def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: st
             tc[key] = overrides.pop(key)
     check_trainer_cfg(tc, where)
     tc["precision"] = resolve_precision(tc)
-    if is_deepspeed(tc):
+    deepspeed = is_deepspeed(tc)
+    if deepspeed:
         strategy = dict(tc["strategy"])
         strategy["config"] = deepspeed_config(strategy.get("config"), tc["precision"], micro_batch,
                                               tc.pop("gradient_clip_val", None), f"{where}.strategy.config")
-        tc["strategy"] = strategy
-    if not is_deepspeed(tc) and "plugins" not in overrides and not tc.get("plugins"):
+        tc["strategy"] = atomic_deepspeed(strategy)
+    if not deepspeed and "plugins" not in overrides and not tc.get("plugins"):
         from i2d2.checkpoints import VerifiedCheckpointIO
 
         overrides["plugins"] = [VerifiedCheckpointIO()]  # atomic saves with integrity records (i2d2/checkpoints.py)

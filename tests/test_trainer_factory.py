@@ -312,6 +312,59 @@ def test_zero_run_saves_full_weights_and_resumes_from_its_directory(cpu_deepspee
     assert not torch.allclose(wa["transformer.h.0.mlp.c_fc.weight"], ref["transformer.h.0.mlp.c_fc.weight"])
 
 
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_kill_between_two_deepspeed_shard_writes_resumes_from_the_last_whole_checkpoint(cpu_deepspeed, monkeypatch,
+                                                                                          tmp_path, stage):
+    """DeepSpeed writes the model states, then the optimizer shards, then ``latest``, over the previous files: a
+    kill in between left step-5 weights beside step-4 optimizer state, every file sound, and the resume read the
+    mix. Saves now go to ``last.ckpt.partial`` and are moved into place whole."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from safetensors.torch import load_file
+
+    tc = {"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1, "precision": "32-true",
+          "strategy": cpu_zero_trainer(tmp_path, stage), "gradient_clip_val": 1.0, "enable_progress_bar": False}
+    ft = dict(lr=5e-3, epochs=2, batch_size=2, max_length=32, ckpt_every_n_steps=1)
+    model, tok = tiny_model("gpt2")
+    F.finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "a", tmp_path / "a_model", ft, tc, seed=1)
+
+    saves = {"n": 0}
+    zero_save = DeepSpeedEngine._save_zero_checkpoint
+
+    def killed_on_the_fifth(self, *a, **k):  # the model states of this save are written; its shards are not
+        saves["n"] += 1
+        if saves["n"] == 5:
+            raise RuntimeError("simulated kill")
+        return zero_save(self, *a, **k)
+
+    monkeypatch.setattr(DeepSpeedEngine, "_save_zero_checkpoint", killed_on_the_fifth)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        F.finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", ft, tc, seed=1)
+    monkeypatch.setattr(DeepSpeedEngine, "_save_zero_checkpoint", zero_save)
+    last = tmp_path / "b" / "checkpoints" / "last.ckpt"
+    assert (last / "latest").is_file() and Path(f"{last}.partial").is_dir()  # the whole step-4 one, the torn one
+    summary = F.finetune(copy.deepcopy(model), tok, ROWS, tmp_path / "b", tmp_path / "b_model", ft, tc, seed=1)
+    assert summary["resumed_from"] == str(last) and summary["steps"] == 8
+    wa, wb = load_file(tmp_path / "a_model" / "model.safetensors"), load_file(tmp_path / "b_model" / "model.safetensors")
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-6), k
+    assert not list((tmp_path / "b" / "checkpoints").glob("*.partial"))  # the next save cleared it
+
+
+def test_a_deepspeed_save_killed_between_its_renames_resumes_from_the_replaced_one(tmp_path):
+    from i2d2.lightning_setup import resume_checkpoint
+
+    class T:  # resume_checkpoint asks only whether the trainer is DeepSpeed
+        strategy = object.__new__(__import__("lightning.pytorch.strategies", fromlist=["x"]).DeepSpeedStrategy)
+
+    last = tmp_path / "last.ckpt"
+    prev = Path(f"{last}.prev")
+    (prev / "checkpoint").mkdir(parents=True)
+    (prev / "latest").write_text("checkpoint")
+    assert resume_checkpoint(last, T()) == str(prev)
+    assert resume_checkpoint(tmp_path / "other.ckpt", T()) is None
+
+
 def test_the_entry_point_closes_the_process_group_a_strategy_left_open(tmp_path):
     # Lightning's DDP/DeepSpeed strategies open a process group and never close it; torch then warns at exit
     # ("destroy_process_group() was not called"), as every DeepSpeed run on the H100 did. The recipe here opens
