@@ -371,7 +371,7 @@ def cross_encoder_dir(cfg: dict, scorer: ComparativeDirectionScorer) -> Path:
     sources = [Path(p) for p in (cfg["statements"] or [])] or ["bundled"]
     lexicon = {phrase: sorted(senses) for phrase, senses in sorted(scorer.lexicon.items())}
     fp = fingerprint({k: v for k, v in cfg.items() if k != "dir"}, *sources, lexicon, scorer.pattern.pattern,
-                     "rule-pairs-v1")
+                     "rule-pairs-v2")  # v2: split by entity
     return cache_dir() / "contradiction" / fp[:16]
 
 
@@ -383,6 +383,7 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
 
     from sklearn.model_selection import GroupShuffleSplit
 
+    from critics.data import split_groups
     from i2d2.io import atomic_dir, write_json, write_jsonl
     from i2d2.lightning_setup import build_trainer, resume_checkpoint
     from i2d2.resume import seed_fit
@@ -399,8 +400,9 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
         raise ValueError(f"cross-encoder: only {len(rows)} rule-built pairs from {cfg['statements'] or 'bundled'}; "
                          "give more comparative statements (task.filters.contradiction.cross_encoder.statements)")
     write_jsonl(work / "rule_pairs.jsonl", rows)
-    # no entity pair on both sides, so val/acc is measured on pairs about unseen entities
-    groups = [r["concept"] or r["premise"] for r in rows]
+    # no entity on both sides (critics.data.split_groups: a pair in either order, and pairs sharing an entity, are
+    # one group), so val/acc is measured on pairs about unseen entities; it grouped by the ordered pair before
+    groups = split_groups([r["concept"] or r["premise"] for r in rows])
     train_idx, val_idx = next(GroupShuffleSplit(1, test_size=float(cfg["val_fraction"]), random_state=int(
         cfg["seed"])).split(rows, groups=groups))
     seed_fit(int(cfg["seed"]))
@@ -428,6 +430,8 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
             "steps": int(trainer.global_step), "config": cfg,
             "training_pairs": "rule-built augmentation (scale edits of single statements), not human judgements"})
     write_jsonl(out / "rule_pairs.jsonl", rows)
+    write_json(out / "split.json", {side: sorted({rows[i]["concept"] for i in idx})
+                                    for side, idx in (("train_concepts", train_idx), ("val_concepts", val_idx))})
     shutil.rmtree(work, ignore_errors=True)
     return out
 

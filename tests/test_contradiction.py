@@ -70,6 +70,10 @@ def test_cross_encoder_trains_caches_and_scores_probabilities(tmp_path):
     meta = json.loads((folder / META).read_text())
     assert meta["labels"] == list(LABELS) and meta["steps"] == 3 and "not human judgements" in meta["training_pairs"]
     assert meta["n_train"] + meta["n_val"] == meta["n_pairs"] > 100 / 2
+    # val/acc is about entities the cross-encoder never trained on: no entity, in either order, on both sides
+    split = json.loads((folder / "split.json").read_text())
+    ents = [{e.strip().lower() for c in split[k] for e in c.split("|")} for k in ("train_concepts", "val_concepts")]
+    assert split["val_concepts"] and not ents[0] & ents[1]
     stamp = (folder / META).stat().st_mtime_ns
     assert train_cross_encoder(cfg) == folder and (folder / META).stat().st_mtime_ns == stamp  # reused, not retrained
     assert not (tmp_path / "ce.work").exists()
