@@ -63,6 +63,15 @@ def _cuts(y, scores):
     return values, precision, recall
 
 
+def _cut_below(values, i: int) -> float:
+    """δ for ``score > δ`` keeping the scores down to ``values[i]`` (distinct, descending): halfway to the next lower
+    one, or that lower score itself where the two are adjacent floats (float64 P(valid) near 1: the midpoint rounds
+    onto ``values[i]``, and the cut kept none of the rows it chose)."""
+    lower = values[i + 1] if i + 1 < len(values) else values[i] - max(1e-6, abs(values[i]) * 1e-6)
+    mid = (values[i] + lower) / 2
+    return float(mid if lower < mid < values[i] else lower)
+
+
 def precision_at_recall(y, scores, min_recall: float = 0.8) -> float | None:
     """Best precision among thresholds whose recall is at least ``min_recall`` (NeuroComparatives App. B); None
     (undefined) where no row is positive."""
@@ -82,8 +91,7 @@ def cut_at_recall(y, scores, min_recall: float) -> float | None:
         return None
     ok = r >= min_recall - 1e-12  # the last cut keeps every row: recall 1, so some cut is always ok
     i = int(np.flatnonzero(ok & (p == p[ok].max()))[0])  # among equal precision the highest threshold
-    lower = values[i + 1] if i + 1 < len(values) else values[i] - max(1e-6, abs(values[i]) * 1e-6)
-    return float((values[i] + lower) / 2)
+    return _cut_below(values, i)
 
 
 def choose_delta(y, scores, target_precision: float) -> dict:
@@ -106,7 +114,6 @@ def choose_delta(y, scores, target_precision: float) -> dict:
         i = int(np.argmax(p))
         log.warning("no threshold reaches precision %.3f on validation; best is %.3f at recall %.3f",
                     target_precision, p[i], r[i])
-    lower = values[i + 1] if i + 1 < len(values) else values[i] - max(1e-6, abs(values[i]) * 1e-6)
-    delta = float((values[i] + lower) / 2)
+    delta = _cut_below(values, i)
     precision, recall, n_keep = precision_recall_at(y, scores, delta)
     return {"delta": delta, "precision": precision, "recall": recall, "n_kept": n_keep, "reached": reached}

@@ -300,11 +300,14 @@ def _recorded(critic: dict, cfg) -> dict:
 
 def critic_fingerprint(cfg, ccfg: dict, paths: list[Path], perplexity_baseline: bool, lm_key: str | None) -> str:
     """The critic stage's inputs. The LM-perplexity baseline (ap_perplexity) is computed inside the stage: with it on,
-    which LM it used is an input too; with it off nothing is added, so earlier runs keep their fingerprints."""
+    which LM it used is an input too; with it off nothing is added, so earlier runs keep their fingerprints. The split
+    is one as well: pairs sharing an entity sit on one side (``critics.data.split_groups``), and a critic split by pair
+    alone (its test pairs shared entities with training ones) is trained again, not reported as never having seen
+    its test entities."""
     from critics.train import fingerprint_view
 
     ppl = [{"perplexity_baseline": lm_key or "generator"}] if perplexity_baseline else []
-    return fingerprint(fingerprint_view(ccfg), *paths, _plain(cfg.trainer), *ppl)
+    return fingerprint(fingerprint_view(ccfg), *paths, _plain(cfg.trainer), *ppl, "split-by-entity")
 
 
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None,
