@@ -62,6 +62,13 @@ class TaskBatches(Dataset):
     def __getitem__(self, i):
         return self.items[i]
 
+    def counts(self) -> dict[str, int]:
+        """Examples per task: the n behind each validation loss."""
+        out: dict[str, int] = {}
+        for task, exs in self.items:
+            out[task] = out.get(task, 0) + len(exs)
+        return out
+
 
 class CMPModule(L.LightningModule):
     def __init__(self, model, tokenizer, collator: Collator, lr: float = 3e-5, warmup_ratio: float = 0.01,

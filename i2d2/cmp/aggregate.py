@@ -53,9 +53,14 @@ def markdown(reports: list[dict]) -> str:
     seeds = [r.get("seed") for r in reports]
     sizes = [r["splits"] for r in reports]
     n_test = [r["zero_shot"][next(iter(r["zero_shot"]))]["n"] for r in reports]
-    lines = [f"Zero-shot synthetic comparative QA on unseen entities, seeds {seeds}: "
+    # 'unseen entities' only where no run's test split shares an entity, document or fact with its training split
+    shared = [sum(s["shared_with_train"]["test"].values()) for s in sizes if "shared_with_train" in s]
+    where = (f"the test split (entities, documents and facts shared with training: {shared})" if any(shared)
+             else "unseen entities")
+    lines = [f"Zero-shot synthetic comparative QA on {where}, seeds {seeds}: "
              f"train quintuples {[s['train'] for s in sizes]}, test quintuples {[s['test'] for s in sizes]} "
-             f"({[s['entities']['test'] for s in sizes]} unseen test entities), QA items scored {n_test}.",
+             f"({[s['entities']['test'] for s in sizes]} {'' if any(shared) else 'unseen '}test entities), "
+             f"QA items scored {n_test}.",
              "", "| model | EM (mean ± std) | F1 (mean ± std) | runs |", "|---|---|---|---|"]
     for m, v in zero_shot_table(reports).items():
         answers = {r["zero_shot"][m].get("answer") for r in reports} - {None}

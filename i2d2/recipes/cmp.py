@@ -184,6 +184,8 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
     summary = {"initial": initial, "final": final, "steps": int(trainer.global_step), "train_seconds": train_s,
                # None: the final weights scored best and were kept
                "best_checkpoint": Path(ckpt.best_model_path).name if use_best else None,
+               # the validation examples behind val/loss (val_max_per_task caps them), per task
+               "val_examples": val_ds.counts(),
                "per_step_examples": sizes, "separator": sep, "untrained_at_start": untrained,
                "tokenizer_lowercases": tokenizer_lowercases(tok)}
     write_json(out_dir / "metrics.json", summary)
@@ -252,7 +254,8 @@ def downstream_protocol(t: DictConfig) -> dict:
 
 def check_downstream_settings(cfg: DictConfig) -> None:
     """Refuse impossible fine-tuning settings (k > training items, no dev set) before pre-training."""
-    from i2d2.recipes.cmp_runners import dev_and_pool, shot_count
+    from i2d2.cmp.downstream import load_downstream
+    from i2d2.recipes.cmp_runners import check_eval_disjoint, dev_and_pool, shot_count
 
     d = cfg.task.downstream
     bad = [m for m in d.models if m not in ("base", "pretrained")]
@@ -269,7 +272,9 @@ def check_downstream_settings(cfg: DictConfig) -> None:
         ds = downstream_dataset(cfg, key)
         if tuned:
             task = ds.get("task") or "qa"
-            _, pool, _ = dev_and_pool(ds, task, int(d.finetune.get("dev_size", 100)))
+            dev, pool, _ = dev_and_pool(ds, task, int(d.finetune.get("dev_size", 100)))
+            # a dev_path naming the evaluation file picked checkpoints and learning rates on the reported rows
+            check_eval_disjoint(ds, load_downstream(ds["eval_path"], ds["format"], task, ds.get("types")), dev, pool)
             for k in tuned:
                 shot_count(k, len(pool), key, bool(d.allow_fewer_shots))
 
@@ -345,14 +350,29 @@ def _report(summary: dict) -> str:
         lines += ["## Model", "", *notes, ""]
     pre = summary.get("pretrain", {})
     if pre.get("final"):
+        counts = pre.get("val_examples")
         lines += ["## Pre-training (validation loss, summed over tasks)", "",
+                  # the validation split picked pretrain/model: its 'after' is a selected minimum, never a result
+                  "Measured on the validation split, the split that picked the checkpoint (lowest `val/loss`): "
+                  "'after' is the best of the checkpoints scored, not a held-out estimate"
+                  + (f"; validation examples per task: {', '.join(f'{k} {n}' for k, n in counts.items())}"
+                     if counts else "")
+                  + ".", "",
                   "| | " + " | ".join(pre["final"]) + " |", "|---" * (len(pre["final"]) + 1) + "|",
                   "| before | " + " | ".join(f"{pre['initial'].get(k, float('nan')):.3f}" for k in pre["final"]) + " |",
                   "| after | " + " | ".join(f"{v:.3f}" for v in pre["final"].values()) + " |", "",
                   f"{pre['steps']} steps (the time they took: report.json, `pretrain.train_seconds`)", ""]
     zs, sp = summary.get("zero_shot", {}), summary.get("splits", {})
     if zs:
-        lines += ["## Zero-shot synthetic comparative QA on unseen entities", ""]
+        # 'unseen entities' only where the test split shares nothing with training (a data.split_by=field split can)
+        shared = sum(sp["shared_with_train"]["test"].values()) if sp else None
+        lines += [f"## Zero-shot synthetic comparative QA on {'the test split' if shared else 'unseen entities'}", ""]
+        if {"qa", "qag"} & set(summary.get("tasks", [])):
+            # the test asks what pre-training taught (same templates, qa: same prompt) about other entities
+            seen = [x for x in summary["tasks"] if x in ("qa", "qag")]
+            lines += [f"Pre-training ({', '.join(seen)}) trained the model on these Table 1 templates for the training "
+                      f"entities{', in this very prompt' if 'qa' in seen else ''}: for the pre-trained model this test "
+                      "is zero-shot only in its entities; for base it is zero-shot.", ""]
         if sp:
             lines += [f"Split by {sp['by']} (seed {summary.get('seed')}): {sp['train']} train / {sp['validation']} "
                       f"validation / {sp['test']} test quintuples ({sp['dropped']} dropped: they pair a training "
@@ -455,7 +475,7 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
     tracker.log_metrics({f"cmp/pretrain_{when}/{k}": v for when in ("initial", "final") for k, v in pre[when].items()})
     model_dir = run_dir / "pretrain" / "model"
 
-    fp_eval = fingerprint(fp_pre, _container(t.eval), "cmp-eval-v2")  # v2: answer counts per model
+    fp_eval = fingerprint(fp_pre, _container(t.eval), "cmp-eval-v3")  # v2: answer counts per model; v3: n per template
     summary["zero_shot"] = run_stage(run_dir / "eval", fp_eval,
                                      lambda d: zero_shot_eval(cfg, splits, summaries, model_dir, d, tracker), "eval")
     if t.downstream.datasets:

@@ -38,7 +38,8 @@ def evaluate_synthetic_qa(model, tokenizer, quintuples: list[Quintuple], builder
         groups[e.template].append(i)
     for t, idx in sorted(groups.items()):
         s = qa_scores([preds[i] for i in idx], [refs[i] for i in idx])
-        metrics[f"{t}/em"], metrics[f"{t}/f1"] = s["em"], s["f1"]
+        # the count beside each template's EM / F1: templates hold from a handful to every quintuple's question
+        metrics[f"{t}/em"], metrics[f"{t}/f1"], metrics[f"{t}/n"] = s["em"], s["f1"], s["n"]
     rows = [{"qid": e.qid, "template": e.template, "question": e.source.split(" Context: ")[0], "answer": e.target,
              "prediction": p} for e, p in zip(exs, preds)]
     return metrics, rows
@@ -104,6 +105,25 @@ def dev_and_pool(dataset: dict, task: str, dev_size: int) -> tuple[list, list, s
     return dev, rest, f"{dev_size} held out of {dataset['train_path']}"
 
 
+def _item_key(x: DownstreamExample) -> tuple:
+    return x.task, " ".join(x.doc1.split()), " ".join(x.doc2.split()), " ".join(x.question.split()), x.references
+
+
+def check_eval_disjoint(dataset: dict, evals: list[DownstreamExample], dev: list, pool: list) -> None:
+    """Refuse a fine-tuned setting whose dev set (it picks the checkpoint and the learning rate) or training pool
+    holds evaluation items (the same documents, question and references): its numbers would be tuned, or trained,
+    on the rows they are reported on. ``dev_path`` naming the evaluation file did this without a word."""
+    ev = {_item_key(x) for x in evals}
+    dev_src = "dev_path" if dataset.get("dev_path") else "train_path"
+    for what, src, rows in (("dev items (they pick the checkpoint and learning rate)", dev_src, dev),
+                            ("training items", "train_path", pool)):
+        shared = ev & {_item_key(x) for x in rows}
+        if shared:
+            raise ValueError(f"{dataset['name']}: the {what}, from {src} {dataset.get(src)}, hold {len(shared)} of "
+                             f"the {len(ev)} evaluation items of {dataset['eval_path']}: the reported numbers would be "
+                             "tuned or trained on the rows they are measured on; take those items out of one file")
+
+
 def _score(model, tok, task: str, exs: list[Example], refs: list[list[str]], lowercase: bool, batch_size: int,
            max_source_length: int, progress: bool = False) -> tuple[dict, list[str]]:
     preds = generate(model, tok, [e.source for e in exs], batch_size, MAX_NEW_TOKENS[task], max_source_length,
@@ -150,6 +170,7 @@ def run_downstream(model_loader, dataset: dict, k, trainer_cfg, protocol: dict,
 
     ft = protocol["finetune"]
     dev, pool, dev_source = dev_and_pool(dataset, task, int(ft.get("dev_size", 100)))
+    check_eval_disjoint(dataset, evals, dev, pool)
     n_shots = shot_count(k, len(pool), dataset["name"], bool(protocol.get("allow_fewer_shots", False)))
     seeds, grid = [int(x) for x in protocol["seeds"]], [float(x) for x in protocol["lr_grid"]]
     if not seeds or not grid:
