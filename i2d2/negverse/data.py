@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 from tqdm import tqdm
@@ -45,6 +46,26 @@ def read_pairs(path: str | Path) -> list[dict]:
             raise DataError(f"{path}:{lineno}: negated sentence equals the original")
         rows.append({"original": cols[0], "negated": cols[1], "type": cols[2], "source": f"{path.name}:{lineno}"})
     return rows
+
+
+def sentence_key(text: str) -> str:
+    """What makes two sentences the same sentence for the held-out check: case, punctuation, spacing and curly
+    apostrophes folded ("she likes apples" is "She likes apples.")."""
+    return " ".join(re.sub(r"[^\w\s']", " ", text.lower().replace("\u2019", "'")).split())
+
+
+def seen_in_training(sentences: list[str], pairs_path: Path, affirmatives_path: Path | None) -> list[tuple[str, str]]:
+    """(evaluation sentence, training sentence) for each evaluation sentence the training data holds, up to
+    ``sentence_key``: either side of a written pair (the original is in the prompt, the negation is the target) or an
+    affirmative the rule generator derives pairs from (``affirmatives_path``: None when the rules are off). The rules
+    only negate those sentences, so their outputs hold a negation cue an affirmative evaluation sentence lacks."""
+    train: dict[str, str] = {}
+    for p in read_pairs(pairs_path):
+        for side in (p["original"], p["negated"]):
+            train.setdefault(sentence_key(side), side)
+    for s in read_sentences(affirmatives_path) if affirmatives_path else []:
+        train.setdefault(sentence_key(s), s)
+    return [(s, train[sentence_key(s)]) for s in sentences if sentence_key(s) in train]
 
 
 def build_pairs(nlp, pairs_path: Path, affirmatives_path: Path | None, use_rules: bool = True,

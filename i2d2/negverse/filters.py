@@ -356,10 +356,12 @@ def filter_grammar(rows: list[dict], nlp):
 
 
 def dedupe(rows: list[dict]):
-    """Drop repeated (original, negation) pairs, case- and spacing-insensitively; keeps the first."""
+    """Drop repeated (original, negation) pairs, case- and spacing-insensitively, a final .!? and ’ / ' folded (as
+    the 'unchanged' check and the cue filter read them; the same negation spelt twice was kept twice, counted in
+    n and self-BLEU); keeps the first."""
     seen, kept, dropped = set(), [], []
     for r in rows:
-        key = (r["original"], normalize_space(r["negation"]).lower())
+        key = (r["original"], _plain_apostrophes(normalize_space(r["negation"]).lower()).rstrip(".!?"))
         if key in seen:
             dropped.append({**r, "drop_reason": "duplicate"})
         else:

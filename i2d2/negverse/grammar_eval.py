@@ -1,4 +1,4 @@
-"""Measure the parse-based grammaticality filter on the recipe's held-out sentences.
+"""Measure the parse-based grammaticality filter on the recipe's evaluation sentences.
 
     python -m i2d2.negverse.grammar_eval --adapter runs/negverse/train/adapter --out-dir /tmp [key=value ...]
 
@@ -7,7 +7,9 @@ filter settings; Hydra overrides after the options), generates the candidates on
 twice: every filter but the grammaticality check ("before"), then with it ("after"). Prints the keep
 rates and the grammar filter's drop reasons, and writes ``negverse_judge_before.jsonl`` and
 ``negverse_judge_after.jsonl`` (``{"id", "statement", "source"}``: a seeded sample of kept negations and
-the sentence each came from) for a person to judge, plus ``negverse_grammar_dropped.jsonl``.
+the sentence each came from) for a person to judge, plus ``negverse_grammar_dropped.jsonl``. The bundled
+``eval_sentences.txt`` is no measurement: the filter's checks were in part written from its outputs (a warning says
+so); pass ``data.eval_sentences=<file>`` with sentences no check was written from.
 
     python -m i2d2.negverse.grammar_eval --judged i2d2/data/negverse/judged/fresh_outputs.jsonl
 
@@ -53,7 +55,8 @@ def score_judged(path: Path, nlp, detector) -> dict:
     for r in dropped:
         reasons[r["drop_reason"]] = reasons.get(r["drop_reason"], 0) + 1
     return {"judged": str(path), "n": len(rows), "labels": {k: count(rows, k) for k in sorted({r["label"] for r in rows})},
-            "n_without_new_cue": len(no_cue), "valid_share_before": count(with_cue, "valid") / len(with_cue)
+            "n_without_new_cue": len(no_cue), "n_with_new_cue": len(with_cue),  # valid_share_before's count
+            "valid_share_before": count(with_cue, "valid") / len(with_cue)
             if with_cue else None,
             "n_kept": len(kept), "valid_share_after": count(kept, "valid") / len(kept) if kept else None,
             "n_dropped": len(dropped), "dropped_ungrammatical": count(dropped, "ungrammatical"),
@@ -98,6 +101,10 @@ def main(argv=None) -> int:
     gen = OmegaConf.to_container(t.generate, resolve=True)
     filt = OmegaConf.to_container(t.filters, resolve=True)
     sentences = read_sentences(resolve(cfg.data.eval_sentences, "eval_sentences.txt"))[: args.max_sentences]
+    if not cfg.data.eval_sentences:  # the keep rates would read as a measurement of the filter on unseen outputs
+        print("warning: the bundled eval_sentences.txt shaped the grammar and degenerate filters (their checks were "
+              "in part written from its outputs): these keep rates measure nothing; pass data.eval_sentences=<file> "
+              "with sentences no check was written from", file=sys.stderr)
     nlp = load_spacy(t.spacy)
     lm = NegVerseLM.load(args.adapter)
     detector = CueDetector(nlp, lexicon=t.cue_lexicon)

@@ -66,6 +66,10 @@ def candidates(lm, nlp, sentences: list[str], num_candidates: int = 4, batch_siz
 
 def negate(lm, nlp, detector, sentences: list[str], **cfg) -> tuple[list[dict], list[dict], dict]:
     """Generate and filter; returns (kept, dropped, stats)."""
+    # each sentence once: a repeat was generated for again, its outputs dropped as 'duplicate', and it counted twice
+    # in sentences_with_negation's denominator but once in its numerator (keep rate and that share read low)
+    given = sum(bool(s.strip()) for s in sentences)
+    sentences = list(dict.fromkeys(s.strip() for s in sentences if s.strip()))
     if not sentences:
         raise ValueError("negate: no sentences to negate")
     progress = cfg.pop("progress", True)
@@ -83,6 +87,8 @@ def negate(lm, nlp, detector, sentences: list[str], **cfg) -> tuple[list[dict], 
     stats = {"n_sentences": len(sentences), "n_candidates": len(rows), "n_kept": len(kept),
              "keep_rate": len(kept) / len(rows) if rows else None, "generation_s": gen_s,
              "n_two_blank_candidates": sum(r["n_blanks"] == 2 for r in rows),
-             "sentences_with_negation": len({r["original"] for r in kept}) / len(sentences) if sentences else None,
+             "n_repeated_sentences": given - len(sentences),
+             "n_sentences_with_negation": len({r["original"] for r in kept}),  # the share's count, beside it
+             "sentences_with_negation": len({r["original"] for r in kept}) / len(sentences),
              **{f"dropped_{k}": v for k, v in counts.items()}}
     return kept, dropped, stats
