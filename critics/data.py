@@ -196,7 +196,9 @@ def grouped_split(concepts: Sequence[str], labels: Sequence[int], val_fraction: 
     y = np.asarray(labels)
     n_groups = len(set(concepts))
     if n_groups < 2:
-        raise ValueError(f"need at least 2 concepts for a grouped split, got {n_groups}")
+        raise ValueError(f"need at least 2 concept groups for a grouped split, got {n_groups} (entity pairs that "
+                         "share an entity, directly or through other pairs, are one group: label pairs from more "
+                         "than one connected set of entities)")
     gss = GroupShuffleSplit(n_splits=max_tries, test_size=val_fraction, random_state=seed)
     first = None
     for tr, va in gss.split(np.zeros(len(y)), y, groups=concepts):

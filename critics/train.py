@@ -320,7 +320,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
 
     # precision at the target recall as a filter would get it: the cut is chosen on dev, measured on test
     r_cut = cut_at_recall(y_dev, s_dev, float(cfg["target_recall"]))
-    r_cut_p, r_cut_r, r_cut_n = (None, None, 0) if r_cut is None else precision_recall_at(y_test, s_test, r_cut)
+    r_cut_p, r_cut_r, r_cut_n = (None, None, None) if r_cut is None else precision_recall_at(y_test, s_test, r_cut)
     summary = {
         "model_dir": str(model_dir), "ap": ap, "ap_perplexity": ap_ppl, "delta": float(delta),
         "precision": precision, "recall": recall, "n_kept_test": n_kept, "target_precision_reached": reached,
@@ -400,7 +400,8 @@ def main(argv=None) -> int:
         use_cache_dir(cfg.get("cache_dir"))  # a Gemma critic body converts into the configured cache
         critic_config(cfg.critic)  # a bad value fails here, before the folder is touched
         paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
-        fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)))
+        # the split by entity (split_groups) is an input: a folder trained on a split by pair alone is refused
+        fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)), "split-by-entity")
         if out.is_dir() and any(out.iterdir()) and stage_fingerprint(out) != fp:
             raise ValueError(f"--out {out} holds other work (another critic config or labels, or not a critic "
                              "folder): choose a new folder")
