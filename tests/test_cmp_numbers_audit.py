@@ -65,7 +65,7 @@ def test_report_says_the_validation_loss_picked_the_checkpoint():
 
 
 def test_pretrain_summary_counts_the_validation_examples(tmp_path):
-    from tests.test_cmp_negverse_audit import _cmp_cfg, _cmp_inputs
+    from test_cmp_negverse_audit import _cmp_cfg, _cmp_inputs  # tests/ is on sys.path (pytest prepend mode)
 
     from i2d2.recipes.cmp import pretrain
 
