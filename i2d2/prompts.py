@@ -82,8 +82,16 @@ def _engine():
 
 def noun_forms(concept: Concept, engine=None) -> tuple[str, str]:
     """(singular, plural) of a noun phrase; ``concept.plural`` overrides inflect's guess of the given number."""
+    from dataclasses import replace
+
+    from i2d2.comparatives.entities import split_of
+
     p = engine or _engine()
     text = concept.text
+    head, tail = split_of(text)
+    if tail:  # "cup of tea": the head carries the number ("cups of tea"); inflect reads the whole as invariant
+        sing, plur = noun_forms(replace(concept, text=head), p)
+        return sing + tail, plur + tail
     if concept.plural is True:
         return (p.singular_noun(text) or text), text
     if concept.plural is False:
@@ -204,13 +212,27 @@ def build_constraints(variant: Variant, related: str | None, cfg_constraints, en
         sing, plur = noun_forms(Concept(related), p)
         forms = _unique_lower([related, plur]) if sing.lower() == related.lower() else _unique_lower([related, sing])
         # never require what is forbidden, or what holds a forbidden word: related == concept, "hot dog" beside
-        # "dog", "salt and pepper" beside the connective "and" (validate refuses such a set: it cannot be met)
+        # "dog", "salt and pepper" beside the connective "and" (validate refuses such a set: it cannot be met);
+        # nor a form with more counted words than its count allows ("cup of tea in a pot" holds two function
+        # words where one is allowed: generating it would break the count)
         forbidden = [phrase_words(lit.text) for cl in clauses for lit in cl.literals]
-        forbidden += [phrase_words(w) for k in counts if k.max_count == 0 for w in k.words]
-        forms = [f for f in forms if not any(occurs_in(w, phrase_words(f)) for w in forbidden)]
+        forms = [f for f in forms if not any(occurs_in(w, phrase_words(f)) for w in forbidden)
+                 and all(_count_in(k.words, phrase_words(f)) <= k.max_count for k in counts)]
         if forms:
             clauses.append(Clause([Literal(f) for f in forms], name=f"related:{related.lower()}"))
     return ConstraintSet(clauses=clauses, counts=counts).to_dict()
+
+
+def _count_in(words, text: tuple) -> int:
+    """How many times the (possibly multi-word) ``words`` occur in the canonical words ``text``."""
+    from i2d2.decoding.constraints import phrase_words
+
+    total = 0
+    for w in words:
+        part = phrase_words(w)
+        n = len(part)
+        total += sum(text[k:k + n] == part for k in range(len(text) - n + 1)) if n else 0
+    return total
 
 
 def _words(c, key: str) -> list[str]:

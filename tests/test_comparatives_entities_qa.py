@@ -66,6 +66,23 @@ def test_mass_noun_lexicon_and_pluralize():
     assert Entity("gold", "gold", "metal").countable is False and Entity("car", "cars", "x").countable is True
 
 
+@pytest.mark.parametrize("name, plural, mass, forms", [
+    ("cup of tea", "cups of tea", False, ("cup of tea", "cups of tea")),      # the head "cup" counts, not "tea"
+    ("bag of rice", "bags of rice", False, ("bag of rice", "bags of rice")),
+    ("pair of scissors", "pairs of scissors", False, ("pair of scissors", "pairs of scissors")),
+    ("cream of tartar", "cream of tartar", True, None),                        # a mass head stays singular
+])
+def test_an_of_phrase_takes_its_number_from_its_head(name, plural, mass, forms):
+    from i2d2.concepts import Concept
+    from i2d2.prompts import noun_forms, noun_kind
+
+    assert pluralize(name) == plural and is_mass_noun(name) is mass
+    c = Concept(name)
+    assert noun_kind(c, noun_forms(c)) == ("mass" if mass else "count")
+    if forms:
+        assert noun_forms(c) == forms
+
+
 def test_plural_override_must_be_string_or_bool(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"metal": ["gold", {"name": "silver", "plural": 3}]}))

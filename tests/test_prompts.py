@@ -185,7 +185,8 @@ def test_constraints_built_as_specified(tmp_path, tiny_gpt2):
     ("dog", "hot dog", set()),              # "dog" is forbidden, so "hot dog(s)" can never be written
     ("bread", "salt and pepper", set()),    # the connective "and" has max_count 0
     ("dog", "cat", {"cat", "cats"}),
-    ("table", "cup of tea", {"cup of tea"}),  # "of" is a function word: one is allowed
+    ("table", "cup of tea", {"cup of tea", "cups of tea"}),  # "of" is a function word: one is allowed
+    ("table", "bottle of the wine", set()),   # "of" and "the": two function words where one is allowed
 ])
 def test_a_related_form_that_holds_a_forbidden_word_is_not_required(concept, related, kept):
     """validate refuses a clause whose every literal is forbidden; the prompt builder must not make one (it was

@@ -67,14 +67,27 @@ def load_uncountable(path: str | Path | None = None) -> frozenset[str]:
     return load_lexicon(path or UNCOUNTABLE)
 
 
+def split_of(name: str) -> tuple[str, str]:
+    """A noun phrase's head part and its "of" tail: 'cup of tea' -> ('cup', ' of tea'), 'statue of a king' ->
+    ('statue', ' of a king'), 'rice cooker' -> ('rice cooker', ''). The head part carries the phrase's number."""
+    words = name.split()
+    lower = [w.lower() for w in words]
+    if "of" in lower[1:-1]:
+        i = lower.index("of", 1)
+        return " ".join(words[:i]), " " + " ".join(words[i:])
+    return name, ""
+
+
 def _in_lexicon(name: str, lexicon: frozenset[str]) -> bool:
     words = name.lower().split()
-    return bool(words) and (" ".join(words) in lexicon or words[-1] in lexicon)
+    head = split_of(" ".join(words))[0].split()
+    return bool(words) and (" ".join(words) in lexicon or head[-1] in lexicon)
 
 
 def is_mass_noun(name: str, lexicon: frozenset[str] | None = None) -> bool:
-    """Is the noun phrase a mass noun? Its whole name or its head (last word) is in the lexicon:
-    'gold', 'stainless steel', 'cheddar' yes; 'steel beam', 'rice cooker' no (their heads count)."""
+    """Is the noun phrase a mass noun? Its whole name or its head (last word, before any "of" tail) is in the
+    lexicon: 'gold', 'stainless steel', 'cheddar', 'cream of tartar' yes; 'steel beam', 'rice cooker', 'cup of
+    tea', 'bag of rice' no (their heads count)."""
     return _in_lexicon(name, load_uncountable() if lexicon is None else lexicon)
 
 
