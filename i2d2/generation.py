@@ -155,7 +155,9 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise DataError(f"{prompts_path}: duplicate prompt_id {dup!r}")
-    fp = fingerprint(prompts_path, cfg, int(shard_size),
+    from i2d2 import decoding
+
+    fp = fingerprint(prompts_path, cfg, int(shard_size), f"decoder-output-{decoding.OUTPUT_REVISION}",
                      getattr(getattr(model, "config", None), "_name_or_path", "") if model_key is None else model_key)
     _check_fingerprint(out_dir, fp, may_clean=(rank == 0 or not use_barrier))
     if use_barrier:

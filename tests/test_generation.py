@@ -233,3 +233,14 @@ def test_real_two_process_gloo_run(tmp_path, prompts_file, tiny_gpt2):
     ranks = [json.loads((out / f"shard-{i:05d}.meta.json").read_text())["rank"] for i in range(4)]
     assert ranks == [0, 1, 0, 1]
     assert (out / "generations.jsonl").read_text() == (tmp_path / "ref" / "generations.jsonl").read_text()
+
+
+def test_shards_of_another_decoder_revision_are_decoded_again(tmp_path, tiny_gpt2, prompts_file, monkeypatch):
+    """A decoder change that alters its rows (``matched`` naming) must not leave a resumed stage mixing shards."""
+    from i2d2 import decoding
+    from i2d2.generation import generate_stage
+
+    assert generate_stage(*tiny_gpt2, prompts_file, tmp_path, DECODING, shard_size=SHARD)["shards_decoded"] == 4
+    assert generate_stage(*tiny_gpt2, prompts_file, tmp_path, DECODING, shard_size=SHARD)["shards_decoded"] == 0
+    monkeypatch.setattr(decoding, "OUTPUT_REVISION", decoding.OUTPUT_REVISION + 1)
+    assert generate_stage(*tiny_gpt2, prompts_file, tmp_path, DECODING, shard_size=SHARD)["shards_decoded"] == 4

@@ -4,6 +4,11 @@ from .constraints import (Clause, ConstraintError, ConstraintSet, CountConstrain
                           canonical_word, split_words, validate, word_variants)
 from .neurologic import DecodingConfig, Generation, NeuroLogicDecoder
 
+# What the decoder returns for the same model, prompts and config. Raise it when a change alters the output rows
+# (sequences, scores or ``matched``: revision 2 names the first-completed literal of a clause), so that shards
+# an older decoder wrote are decoded again on resume rather than mixed with new ones.
+OUTPUT_REVISION = 2
+
 __all__ = ["Literal", "Clause", "CountConstraint", "DynamicClause", "ConstraintSet", "DecodingConfig",
            "NeuroLogicDecoder", "Generation", "ConstraintError", "split_words", "canonical_word", "word_variants",
-           "validate"]
+           "validate", "OUTPUT_REVISION"]
