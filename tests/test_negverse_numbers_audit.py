@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from i2d2.config import CONF_DIR, ConfigError
+from negverse_setup import negverse_cfg
+
+from i2d2.config import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -18,20 +20,7 @@ def nlp():
 
 
 def _cfg(tmp_path, *overrides, eval_text="The dog is hungry.\n"):
-    from hydra import compose, initialize_config_dir
-
-    pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("She likes apples.\tShe doesn't like apples.\tverbal\n"
-                     "Everyone came.\tNobody came.\tnon_verbal\n"
-                     "The child was happy.\tThe child was unhappy.\taffixal\n")
-    aff = tmp_path / "aff.txt"
-    aff.write_text("The sky is blue.\n")
-    ev = tmp_path / "eval.txt"
-    ev.write_text(eval_text)
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=["task=negverse", "model=tiny_gpt2", "logger=none", f"run_dir={tmp_path / 'run'}",
-                                           f"data.pairs={pairs}", f"data.affirmatives={aff}", f"data.eval_sentences={ev}",
-                                           *overrides])
+    return negverse_cfg(tmp_path, *overrides, eval_text=eval_text)
 
 
 # ----------------------------------------------------------------------------- eval / train disjointness

@@ -119,26 +119,15 @@ def test_stopping_on_answer_count_and_save_load_roundtrip(tmp_path):
 
 
 def test_recipe_end_to_end_with_tiny_model_and_resume(tmp_path):
-    from hydra import compose, initialize_config_dir
+    from negverse_setup import negverse_cfg
 
-    from i2d2.config import CONF_DIR, setup_run
+    from i2d2.config import setup_run
     from i2d2.recipes.negverse import run
 
-    pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("She likes apples.\tShe doesn't like apples.\tverbal\n"
-                     "Everyone came.\tNobody came.\tnon_verbal\n"
-                     "The child was happy.\tThe child was unhappy.\taffixal\n")
-    aff = tmp_path / "aff.txt"
-    aff.write_text("The sky is blue.\n")
-    ev = tmp_path / "eval.txt"
-    ev.write_text("The dog is hungry.\n")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[
-            "task=negverse", "model=tiny_gpt2", "logger=csv", f"run_dir={tmp_path / 'run'}",
-            f"data.pairs={pairs}", f"data.affirmatives={aff}", f"data.eval_sentences={ev}",
-            "task.train.max_steps=3", "task.train.checkpoint_every=1", "task.prompt.num_virtual_tokens=2",
-            "task.generate.num_candidates=2", "task.generate.max_new_tokens=6", "task.train.val_fraction=0.3",
-            "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false"])
+    cfg = negverse_cfg(tmp_path, "task.train.max_steps=3", "task.train.checkpoint_every=1",
+                       "task.prompt.num_virtual_tokens=2", "task.generate.num_candidates=2",
+                       "task.generate.max_new_tokens=6", "task.train.val_fraction=0.3",
+                       "+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false", logger="csv")
     setup_run(cfg)
     out = run(cfg)
     assert out["data"]["n_pairs"] >= 4 and out["data"]["n_rule_pairs"] >= 1
