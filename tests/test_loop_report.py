@@ -112,3 +112,18 @@ def test_report_breaks_generations_and_person_judged_heldout_accuracy_down_by_pr
     assert "## Prompt forms" in md
     assert "| adverb+indefinite | 1 | 2 | 0.500 | 1 | 0.500 (" in md and "n=2) |" in md
     assert "| adverb+bare_plural | 1 | 1 | 1.000 | 0 | – |" in md
+
+
+def test_sample_tables_count_distinct_rows_and_do_not_repeat_a_short_rejected_list():
+    from i2d2.recipes.generics_report import pick_samples
+
+    kept = [{"statement": f"Dogs bark {i}.", "critic_score": 0.9} for i in range(3)]
+    dropped = [{"statement": s, "critic_score": c, "drop_reason": "critic"}
+               for s, c in [("Cats fly.", 0.2), ("cats fly", 0.1), ("Fish walk.", 0.3)]]
+    t = pick_samples(kept, dropped, n=10)
+    assert list(t) == ["Top kept generations (3 distinct kept)", "Random kept generations",
+                       "Rejected by the critic (all 2 distinct)"]
+    dropped += [{"statement": f"Rocks sing {i}.", "critic_score": i / 100, "drop_reason": "critic"} for i in range(12)]
+    t = pick_samples(kept, dropped, n=10)
+    near, worst = t["Rejected by the critic, closest to δ (14 distinct)"], t["Rejected by the critic, lowest score"]
+    assert near[0]["critic_score"] == 0.3 and worst[0]["critic_score"] == 0.0 and len(near) == len(worst) == 10

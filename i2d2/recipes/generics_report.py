@@ -319,8 +319,11 @@ def pick_samples(kept: Sequence[Mapping], dropped: Sequence[Mapping], n: int = 1
     rand = [kept[i] for i in sorted(rng.permutation(len(kept))[:n].tolist())]
     near = sorted(rejected, key=lambda r: -r["critic_score"])[:n]
     worst = sorted(rejected, key=lambda r: r["critic_score"])[:n]
-    return {"Top kept generations": top, "Random kept generations": rand,
-            "Rejected by the critic, closest to δ": near, "Rejected by the critic, lowest score": worst}
+    out = {f"Top kept generations ({len(kept)} distinct kept)": top, "Random kept generations": rand}
+    if len(rejected) <= n:  # the two rejected tables would show the same rows
+        return {**out, f"Rejected by the critic (all {len(rejected)} distinct)": near}
+    return {**out, f"Rejected by the critic, closest to δ ({len(rejected)} distinct)": near,
+            "Rejected by the critic, lowest score": worst}
 
 
 def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence[Mapping],
