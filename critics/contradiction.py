@@ -100,10 +100,16 @@ class NLIScorer(PairwiseScorer):
 
 
 class ComparativeDirectionScorer(PairwiseScorer):
-    """Offline contradiction detector for comparatives about one entity pair (same subject and object)."""
+    """Offline contradiction detector for comparatives about one entity pair (same subject and object).
+
+    With ``attributive`` (default) a comparative adjective that modifies a noun ("a higher survival rate", "a
+    shorter lifespan", read by the packaged spaCy parser) describes that noun, not the subject: two such claims
+    meet only on the same noun ("a higher survival rate" / "a lower risk" are neutral; "a higher energy cost" /
+    "a lower energy cost" contradict), and one meets a predicative claim of its scale ("a shorter lifespan" /
+    "live longer"). Agreement (entailment) needs the same noun or two predicative claims."""
 
     def __init__(self, scales: dict[str, tuple[list[str], list[str]]] | None = None,
-                 comparatives: Sequence[str] | None = None):
+                 comparatives: Sequence[str] | None = None, attributive: bool = True, nlp=None):
         if scales is None or comparatives is None:
             from i2d2.comparatives.wordlists import load_wordlists
 
@@ -123,9 +129,33 @@ class ComparativeDirectionScorer(PairwiseScorer):
         multi = sorted((p for p in self.lexicon if " " in p), key=len, reverse=True)
         alts = [re.escape(p) for p in multi] + [rf"(?:more|less|fewer)\s+[a-z][a-z-]*"] + [re.escape(w) for w in words]
         self.pattern = re.compile(r"\b(" + "|".join(alts) + r")\b")
+        self.attributive, self._nlp = bool(attributive), nlp
 
-    def claims(self, text: str) -> set[tuple[str, int]]:
-        """The (attribute, direction) claims a statement makes."""
+    def _parse(self, texts: Sequence[str]) -> list:
+        if not self.attributive:
+            return [None] * len(texts)
+        if self._nlp is None:
+            from i2d2.models import load_spacy
+
+            self._nlp = load_spacy()
+        uniq = list(dict.fromkeys(texts))
+        docs = dict(zip(uniq, self._nlp.pipe(uniq, disable=[p for p in ("ner",) if p in self._nlp.pipe_names])))
+        return [docs[t] for t in texts]
+
+    @staticmethod
+    def _modified_noun(doc, start: int, end: int) -> str | None:
+        """The noun the comparative at ``text[start:end]`` modifies attributively ("higher [rate]"), or None."""
+        span = doc.char_span(start, end, alignment_mode="expand") if doc is not None else None
+        if span is None:
+            return None
+        tok = span[-1]
+        if tok.dep_ == "amod" and tok.head.pos_ in ("NOUN", "PROPN") and tok.head.i > tok.i:
+            return tok.head.lemma_.lower()
+        return None
+
+    def claims(self, text: str, doc=None) -> set[tuple[str, int]]:
+        """The (attribute, direction) claims a statement makes. With a parse (``doc``) an attributive claim's
+        attribute is ``"scale@noun"`` ("height@rate" for "a higher survival rate")."""
         out = set()
         low = text.lower()
         for m in self.pattern.finditer(low):
@@ -138,7 +168,8 @@ class ComparativeDirectionScorer(PairwiseScorer):
                     out.add((prev[-1], self.quantifiers[phrase]))
                 continue
             if phrase in self.lexicon:
-                out.update(self.lexicon[phrase])
+                noun = self._modified_noun(doc, m.start(), m.end())
+                out.update((f"{s}@{noun}" if noun else s, d) for s, d in self.lexicon[phrase])
                 continue
             first, _, rest = phrase.partition(" ")
             if first in self.quantifiers and rest:
@@ -153,34 +184,55 @@ class ComparativeDirectionScorer(PairwiseScorer):
                 out.add((phrase, 1))
         return out
 
-    def _claim_matrix(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        claims = [self.claims(t) for t in texts]
+    def _claim_matrices(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
+        """``(up_l, down_l, up_r, down_r)`` over aligned claim columns such that row i opposes row j where
+        ``up_l[i] @ down_r[j] + down_l[i] @ up_r[j] > 0`` and agrees where ``up_l[i] @ up_r[j] + down_l[i] @
+        down_r[j] > 0`` (only for exact columns: see ``exact``). Columns: every claim key as is (predicative
+        "size", attributive "size@payload": same key, same claim), then each scale's predicative claim against
+        any attributive claim of that scale, in both directions."""
+        claims = [self.claims(t, d) for t, d in zip(texts, self._parse(list(texts)))]
         keys = sorted({k for c in claims for k, _ in c})
+        scales = sorted({k.split("@", 1)[0] for k in keys if "@" in k})
         col = {k: i for i, k in enumerate(keys)}
-        up = np.zeros((len(texts), len(keys)), dtype=np.float32)
-        down = np.zeros_like(up)
+        n, K, S = len(texts), len(keys), len(scales)
+        sc = {s: i for i, s in enumerate(scales)}
+        # left / right blocks: [exact keys | pred scale vs any attributive | any attributive vs pred scale]
+        up_l, down_l = np.zeros((n, K + 2 * S), np.float32), np.zeros((n, K + 2 * S), np.float32)
+        up_r, down_r = np.zeros_like(up_l), np.zeros_like(up_l)
         for r, cl in enumerate(claims):
             for k, d in cl:
-                (up if d > 0 else down)[r, col[k]] = 1.0
-        return up, down
+                ups = (up_l, up_r) if d > 0 else (down_l, down_r)
+                ups[0][r, col[k]] = ups[1][r, col[k]] = 1.0
+                base, _, noun = k.partition("@")
+                if base in sc:
+                    if noun:   # attributive: meets the other side's predicative claim of its scale
+                        ups[1][r, K + sc[base]] = ups[0][r, K + S + sc[base]] = 1.0
+                    else:      # predicative
+                        ups[0][r, K + sc[base]] = ups[1][r, K + S + sc[base]] = 1.0
+        return up_l, down_l, up_r, down_r, K
+
+    def _opposite_same(self, texts: Sequence[str], pairs: tuple[np.ndarray, np.ndarray] | None = None):
+        up_l, down_l, up_r, down_r, K = self._claim_matrices(texts)
+        if pairs is None:
+            opposite = (up_l @ down_r.T + down_l @ up_r.T) > 0
+            same = (up_l[:, :K] @ up_r[:, :K].T + down_l[:, :K] @ down_r[:, :K].T) > 0
+        else:
+            i, j = pairs
+            opposite = ((up_l[i] * down_r[j]).sum(1) + (down_l[i] * up_r[j]).sum(1)) > 0
+            same = ((up_l[i, :K] * up_r[j, :K]).sum(1) + (down_l[i, :K] * down_r[j, :K]).sum(1)) > 0
+        return opposite, same
 
     def matrix(self, texts):
         n = len(texts)
         if n == 0:
             return np.zeros((0, 0)), np.zeros((0, 0))
-        up, down = self._claim_matrix(texts)
-        opposite = (up @ down.T + down @ up.T) > 0
-        same = (up @ up.T + down @ down.T) > 0
+        opposite, same = self._opposite_same(texts)
         off = ~np.eye(n, dtype=bool)
         return (opposite & off).astype(float), (same & ~opposite & off).astype(float)
 
     def scores(self, premises, hypotheses):
-        texts = list(premises) + list(hypotheses)
-        up, down = self._claim_matrix(texts)
         n = len(premises)
-        pu, pd_, hu, hd = up[:n], down[:n], up[n:], down[n:]
-        opposite = ((pu * hd).sum(1) + (pd_ * hu).sum(1)) > 0
-        same = ((pu * hu).sum(1) + (pd_ * hd).sum(1)) > 0
+        opposite, same = self._opposite_same(list(premises) + list(hypotheses), (np.arange(n), np.arange(n, 2 * n)))
         return opposite.astype(float), (same & ~opposite).astype(float)
 
 

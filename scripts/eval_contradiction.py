@@ -32,7 +32,9 @@ JUDGED = DATA / "contradiction_pairs.jsonl"
 LABELS = ("contradiction", "entailment", "neutral", "dont_know")
 
 
-def sample_pairs(n_per_stratum: int = 150, seed: int = 16) -> list[dict]:
+def sample_pairs(n_per_stratum: int = 150, seed: int = 16, exclude: Path | None = None, prefix: str = "p") -> list[dict]:
+    """``exclude``: a judged pairs file whose pairs (either order) are not drawn again: a fresh set to measure a
+    scorer changed after reading the first set's errors."""
     from critics.contradiction import ComparativeDirectionScorer
     from i2d2.io import read_jsonl
 
@@ -43,10 +45,12 @@ def sample_pairs(n_per_stratum: int = 150, seed: int = 16) -> list[dict]:
         by_concept.setdefault(r["concept"], []).append(r["statement"])
     lexicon = ComparativeDirectionScorer()
     attrs = {r["statement"]: {a for a, _ in lexicon.claims(r["statement"])} for r in rows}
+    seen = {frozenset((r["premise"], r["hypothesis"])) for r in read_jsonl(exclude)} if exclude else set()
     shared, other = [], []
     for concept, stmts in by_concept.items():
         for a, b in itertools.combinations(sorted(set(stmts)), 2):
-            (shared if attrs[a] & attrs[b] else other).append((concept, a, b))
+            if frozenset((a, b)) not in seen:
+                (shared if attrs[a] & attrs[b] else other).append((concept, a, b))
 
     def take(pool, n):  # round-robin over entity pairs so that no pair dominates
         groups: dict[str, list] = {}
@@ -65,7 +69,7 @@ def sample_pairs(n_per_stratum: int = 150, seed: int = 16) -> list[dict]:
             a, b = b, a
         pairs.append({"premise": a, "hypothesis": b, "concept": concept})
     rng.shuffle(pairs)
-    return [{"id": f"p-{i:03d}", **p} for i, p in enumerate(pairs)]
+    return [{"id": f"{prefix}-{i:03d}", **p} for i, p in enumerate(pairs)]
 
 
 def join(pairs_path: Path, labels_path: Path) -> list[dict]:
@@ -110,11 +114,15 @@ def evaluate(judged: list[dict], ce_cfg: dict) -> dict:
     ce = load_contradiction_scorer("cross_encoder", cross_encoder=ce_cfg)
     p_ce = either_order(ce, prem, hyp)
     lex = either_order(load_contradiction_scorer("offline"), prem, hyp)
+    from critics.contradiction import ComparativeDirectionScorer
+
+    lex_pred = either_order(ComparativeDirectionScorer(attributive=False), prem, hyp)
     counts = {lab: sum(r["label"] == lab for r in judged) for lab in LABELS}
     results = {
         "cross_encoder@0.99": prf(p_ce >= 0.99, gold),
         "cross_encoder@0.5": prf(p_ce >= 0.5, gold),
         "lexicon_rule (offline)": prf(lex >= 0.5, gold),
+        "lexicon_rule, every comparative read as predicative (before 2026-11-28)": prf(lex_pred >= 0.5, gold),
         "constant: always contradiction": prf(np.ones_like(gold), gold),
         "constant: never contradiction": prf(np.zeros_like(gold), gold),
     }
@@ -133,6 +141,9 @@ def main(argv=None) -> int:
     s = sub.add_parser("sample")
     s.add_argument("--out", type=Path, required=True)
     s.add_argument("--per-stratum", type=int, default=150)
+    s.add_argument("--seed", type=int, default=16)
+    s.add_argument("--exclude", type=Path, default=None, help="judged pairs not to draw again (either order)")
+    s.add_argument("--id-prefix", default="p")
     j = sub.add_parser("join")
     j.add_argument("--pairs", type=Path, required=True)
     j.add_argument("--labels", type=Path, required=True)
@@ -147,7 +158,7 @@ def main(argv=None) -> int:
     from i2d2.io import read_jsonl, write_jsonl, write_text
 
     if args.cmd == "sample":
-        write_jsonl(args.out, sample_pairs(args.per_stratum))
+        write_jsonl(args.out, sample_pairs(args.per_stratum, args.seed, args.exclude, args.id_prefix))
         return 0
     if args.cmd == "join":
         rows = join(args.pairs, args.labels)

@@ -2,6 +2,7 @@
 (tiny:bert here), its cache, the config switch and §2.3.3's keep rule."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -116,3 +117,17 @@ def test_keep_rule_is_contradicting_more_often_than_not():
     assert sorted(out.index) == [1, 2, 3] and out["n_others"].tolist() == [3, 3, 3]
     assert F.contradicts_more_often_than_not(np.array([1, 2, 1, 0]), np.array([1, 3, 2, 0])).tolist() == \
         [True, True, False, False]
+
+
+def test_the_fresh_judged_pairs_share_no_pair_with_the_set_that_chose_the_rule():
+    """contradiction_pairs_2.jsonl measures a rule changed after reading contradiction_pairs.jsonl's errors: no pair
+    of the first file (in either order) may be in it, and every row carries a guide label."""
+    from i2d2.io import read_jsonl
+
+    data = Path(__file__).resolve().parent.parent / "i2d2" / "data" / "comparatives"
+    first, fresh = read_jsonl(data / "contradiction_pairs.jsonl"), read_jsonl(data / "contradiction_pairs_2.jsonl")
+    key = lambda r: frozenset((r["premise"], r["hypothesis"]))  # noqa: E731
+    assert not {key(r) for r in first} & {key(r) for r in fresh}
+    labels = {"contradiction", "entailment", "neutral", "dont_know"}
+    assert len(fresh) == 200 and all(r["label"] in labels and r["annotator"] == "maintainers" for r in fresh)
+    assert len({r["id"] for r in fresh}) == 200

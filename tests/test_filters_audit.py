@@ -78,6 +78,29 @@ def test_bare_more_and_less_about_different_verbs_do_not_contradict():
     assert C[0, 1] == 1 and C[2, 3] == 1 and C[0, 3] == 0 and C[1, 2] == 0
 
 
+def test_an_attributive_comparative_describes_its_noun_not_the_subject():
+    """"a higher survival rate" vs "a lower risk" put nothing at opposite ends (the height scale was read for
+    both); the same noun, or a predicative claim of the scale, still meets it."""
+    from critics.contradiction import ComparativeDirectionScorer
+
+    s = ComparativeDirectionScorer()
+    texts = ["Compared to X, Y typically have a higher survival rate.",   # 0 height@rate +
+             "Compared to X, Y typically have a lower risk of disease.",   # 1 height@risk -
+             "Compared to X, Y typically have a lower survival rate.",     # 2 height@rate -
+             "Compared to X, Y typically have a smaller payload.",         # 3 size@payload -
+             "Compared to X, Y are generally larger.",                     # 4 size +
+             "Compared to X, Y are generally bigger."]                     # 5 size +
+    C, E = s.matrix(texts)
+    assert C[0, 1] == C[1, 0] == 0 and C[0, 2] == C[2, 0] == 1     # other noun: neutral; same noun: contradiction
+    assert C[1, 2] == 0 and C[3, 4] == C[4, 3] == 1                # a predicative claim of the scale meets it
+    assert E[4, 5] == 1 and E[3, 4] == 0 and C[4, 5] == 0           # agreement needs the same claim
+    c, e = s.scores(texts[:3], texts[1:4])                          # pairwise agrees with the matrix
+    assert c.tolist() == [C[0, 1], C[1, 2], C[2, 3]] and e.tolist() == [E[0, 1], E[1, 2], E[2, 3]]
+    # without the parse every comparative is about the subject: the old reading, kept for comparison
+    C0, _ = ComparativeDirectionScorer(attributive=False).matrix(texts)
+    assert C0[0, 1] == 1
+
+
 # ----------------------------------------------------------------------------- ComparativeQA evaluation CLI
 
 def _qa_item():
