@@ -24,6 +24,7 @@ ordered pair) and ``scorer.matrix(texts) -> (C, E)``, the ``n x n`` matrices ove
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import re
@@ -99,6 +100,14 @@ class NLIScorer(PairwiseScorer):
         return c, e
 
 
+@functools.lru_cache(maxsize=1)
+def _packaged_spacy():
+    """One parser per process: the NC filter builds a scorer per run, the cross-encoder cache one per config."""
+    from i2d2.models import load_spacy
+
+    return load_spacy()
+
+
 class ComparativeDirectionScorer(PairwiseScorer):
     """Offline contradiction detector for comparatives about one entity pair (same subject and object).
 
@@ -135,9 +144,7 @@ class ComparativeDirectionScorer(PairwiseScorer):
         if not self.attributive:
             return [None] * len(texts)
         if self._nlp is None:
-            from i2d2.models import load_spacy
-
-            self._nlp = load_spacy()
+            self._nlp = _packaged_spacy()
         uniq = list(dict.fromkeys(texts))
         docs = dict(zip(uniq, self._nlp.pipe(uniq, disable=[p for p in ("ner",) if p in self._nlp.pipe_names])))
         return [docs[t] for t in texts]
@@ -158,6 +165,8 @@ class ComparativeDirectionScorer(PairwiseScorer):
         attribute is ``"scale@noun"`` ("height@rate" for "a higher survival rate")."""
         out = set()
         low = text.lower()
+        if len(low) != len(text):  # lower-casing moved the offsets ("İ"): the parse cannot be aligned
+            doc = None
         for m in self.pattern.finditer(low):
             phrase = m.group(1)
             if phrase in self.quantifiers:

@@ -99,6 +99,9 @@ def test_an_attributive_comparative_describes_its_noun_not_the_subject():
     # without the parse every comparative is about the subject: the old reading, kept for comparison
     C0, _ = ComparativeDirectionScorer(attributive=False).matrix(texts)
     assert C0[0, 1] == 1
+    # a text whose lower-casing changes its length cannot be aligned with its parse: read as predicative
+    assert s.claims("İn X, Y have a higher survival rate.", s._parse(["İn X, Y have a higher survival rate."])[0]) \
+        == {("height", 1)}
 
 
 # ----------------------------------------------------------------------------- ComparativeQA evaluation CLI
