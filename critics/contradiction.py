@@ -156,6 +156,8 @@ class ComparativeDirectionScorer(PairwiseScorer):
         if span is None:
             return None
         tok = span[-1]
+        while tok.dep_ == "conj" and tok.head.i < tok.i:  # "a bigger and heavier payload": the first conjunct's
+            tok = tok.head
         if tok.dep_ == "amod" and tok.head.pos_ in ("NOUN", "PROPN") and tok.head.i > tok.i:
             return tok.head.lemma_.lower()
         return None
@@ -176,9 +178,10 @@ class ComparativeDirectionScorer(PairwiseScorer):
                 if prev and prev[-1] not in FUNCTION_WORDS:
                     out.add((prev[-1], self.quantifiers[phrase]))
                 continue
+            noun = self._modified_noun(doc, m.start(), m.end())
+            at = (lambda a: f"{a}@{noun}") if noun else (lambda a: a)  # noqa: E731 (an attributive claim's key)
             if phrase in self.lexicon:
-                noun = self._modified_noun(doc, m.start(), m.end())
-                out.update((f"{s}@{noun}" if noun else s, d) for s, d in self.lexicon[phrase])
+                out.update((at(s), d) for s, d in self.lexicon[phrase])
                 continue
             first, _, rest = phrase.partition(" ")
             if first in self.quantifiers and rest:
@@ -186,19 +189,19 @@ class ComparativeDirectionScorer(PairwiseScorer):
                 if rest in FUNCTION_WORDS:  # "more of an impact", "less than": no attribute named
                     continue
                 if rest in self.lexicon:  # "less cheaper"-style doubles: flip the adjective's direction
-                    out.update((s, -d if first != "more" else d) for s, d in self.lexicon[rest])
-                else:
-                    out.add((rest, self.quantifiers[first]))
+                    out.update((at(s), -d if first != "more" else d) for s, d in self.lexicon[rest])
+                else:  # "more powerful" (predicative), "more powerful engines" (about the engines)
+                    out.add((at(rest), self.quantifiers[first]))
             else:
-                out.add((phrase, 1))
+                out.add((at(phrase), 1))
         return out
 
     def _claim_matrices(self, texts: Sequence[str]) -> tuple[np.ndarray, ...]:
-        """``(up_l, down_l, up_r, down_r)`` over aligned claim columns such that row i opposes row j where
-        ``up_l[i] @ down_r[j] + down_l[i] @ up_r[j] > 0`` and agrees where ``up_l[i] @ up_r[j] + down_l[i] @
-        down_r[j] > 0`` (only for exact columns: see ``exact``). Columns: every claim key as is (predicative
-        "size", attributive "size@payload": same key, same claim), then each scale's predicative claim against
-        any attributive claim of that scale, in both directions."""
+        """``(up_l, down_l, up_r, down_r, K)`` over aligned claim columns such that row i opposes row j where
+        ``up_l[i] @ down_r[j] + down_l[i] @ up_r[j] > 0`` and agrees where the same holds with up/up and
+        down/down over the first ``K`` (exact-key) columns only. Columns: every claim key as is (predicative
+        "size", attributive "size@payload": same key, same claim), then each attribute's predicative claim against
+        any attributive claim of that attribute, in both directions."""
         claims = [self.claims(t, d) for t, d in zip(texts, self._parse(list(texts)))]
         keys = sorted({k for c in claims for k, _ in c})
         scales = sorted({k.split("@", 1)[0] for k in keys if "@" in k})

@@ -228,8 +228,7 @@ def _count_in(words, text: tuple) -> int:
     from i2d2.decoding.constraints import phrase_words
 
     total = 0
-    for w in words:
-        part = phrase_words(w)
+    for part in dict.fromkeys(phrase_words(w) for w in words):  # a word listed twice counts once, as in the decoder
         n = len(part)
         total += sum(text[k:k + n] == part for k in range(len(text) - n + 1)) if n else 0
     return total

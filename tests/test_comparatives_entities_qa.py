@@ -71,6 +71,7 @@ def test_mass_noun_lexicon_and_pluralize():
     ("bag of rice", "bags of rice", False, ("bag of rice", "bags of rice")),
     ("pair of scissors", "pairs of scissors", False, ("pair of scissors", "pairs of scissors")),
     ("cream of tartar", "cream of tartar", True, None),                        # a mass head stays singular
+    ("glass of water", "glasses of water", False, ("glass of water", "glasses of water")),
 ])
 def test_an_of_phrase_takes_its_number_from_its_head(name, plural, mass, forms):
     from i2d2.concepts import Concept
@@ -81,6 +82,9 @@ def test_an_of_phrase_takes_its_number_from_its_head(name, plural, mass, forms):
     assert noun_kind(c, noun_forms(c)) == ("mass" if mass else "count")
     if forms:
         assert noun_forms(c) == forms
+    from i2d2.comparatives.entities import is_plural_only
+
+    assert not is_plural_only(plural)  # 'glasses of water' is a glass's plural, not the eyewear
 
 
 def test_plural_override_must_be_string_or_bool(tmp_path):

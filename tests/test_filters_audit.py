@@ -99,6 +99,10 @@ def test_an_attributive_comparative_describes_its_noun_not_the_subject():
     # without the parse every comparative is about the subject: the old reading, kept for comparison
     C0, _ = ComparativeDirectionScorer(attributive=False).matrix(texts)
     assert C0[0, 1] == 1
+    # an open-class "more/less X" and a coordinated adjective before a noun are about that noun too
+    C2, _ = s.matrix(["have more powerful engines.", "have a less powerful battery.", "are less powerful.",
+                      "have a bigger and heavier payload.", "have a lighter engine."])
+    assert C2[0, 1] == 0 and C2[0, 2] == 1 and C2[3, 4] == 0
     # a text whose lower-casing changes its length cannot be aligned with its parse: read as predicative
     assert s.claims("İn X, Y have a higher survival rate.", s._parse(["İn X, Y have a higher survival rate."])[0]) \
         == {("height", 1)}

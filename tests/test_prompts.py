@@ -328,3 +328,12 @@ def test_forms_selection_builds_one_prompt_per_pair_without_a_perplexity_pass(tm
     assert "Generally, umbrellas are" in {r["prompt"] for r in nouns} and "Generally, an umbrella is" in {
         r["prompt"] for r in nouns}
     assert all(r["perplexity"] is None for r in rows)
+
+
+def test_a_function_word_listed_twice_counts_once_for_a_related_form():
+    from i2d2.prompts import Variant, build_constraints
+
+    cfg = {"function_words": ["of", "Of"], "max_function_words": 1, "connectives": ["and"]}
+    v = Variant("Generally, dogs can", Concept("dog"), "can", "{concept} can", "dogs", None, None, "pl")
+    names = [c["name"] for c in build_constraints(v, "cup of tea", cfg)["clauses"]]
+    assert "related:cup of tea" in names

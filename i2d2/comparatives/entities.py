@@ -93,8 +93,12 @@ def is_mass_noun(name: str, lexicon: frozenset[str] | None = None) -> bool:
 
 def is_plural_only(name: str, lexicon: frozenset[str] | None = None) -> bool:
     """Is the noun phrase plural only ('jeans', 'reading glasses', 'scissors': no singular a sentence uses, where
-    inflect would give 'jean' / 'glass')? Its whole name or its head is in ``conf/wordlists/plural_only_nouns.txt``."""
-    return _in_lexicon(name, load_lexicon(PLURAL_ONLY) if lexicon is None else lexicon)
+    inflect would give 'jean' / 'glass')? Its whole name or its head is in ``conf/wordlists/plural_only_nouns.txt``;
+    a head with an "of" tail is a count noun's plural ('glasses of water'), so only the whole name counts there."""
+    lexicon = load_lexicon(PLURAL_ONLY) if lexicon is None else lexicon
+    if split_of(name.strip())[1]:
+        return " ".join(name.lower().split()) in lexicon
+    return _in_lexicon(name, lexicon)
 
 
 def pluralize(name: str, lexicon: frozenset[str] | None = None) -> str:
