@@ -117,6 +117,11 @@ class ComparativeDirectionScorer(PairwiseScorer):
     "a lower energy cost" contradict), and one meets a predicative claim of its scale ("a shorter lifespan" /
     "live longer"). Agreement (entailment) needs the same noun or two predicative claims."""
 
+    # What the rule reads: raise it when a change alters its 0/1 decisions, so that a finished contradiction filter
+    # stage the older rule wrote is redone (i2d2.recipes.comparatives._fingerprinted_cfg).
+    # attributive-v1: an attributive comparative describes its noun (spaCy parse).
+    REVISION = "attributive-v1"
+
     def __init__(self, scales: dict[str, tuple[list[str], list[str]]] | None = None,
                  comparatives: Sequence[str] | None = None, attributive: bool = True, nlp=None):
         if scales is None or comparatives is None:

@@ -126,14 +126,15 @@ def noun_kind(concept: Concept, forms: tuple[str, str]) -> str:
     "pliers"; or any invariant noun in -s such as "scissors": plural verb, no a/an), else ``count`` (invariant zero
     plurals such as "sheep" and "fish" are count nouns: "a sheep can", "sheep can"). ``forms``: its (singular,
     plural), ``noun_forms``."""
-    from i2d2.comparatives.entities import is_mass_noun, is_plural_only
+    from i2d2.comparatives.entities import is_mass_noun, is_plural_only, split_of
 
     if concept.plural is not None:  # the concept file says which number it is given in
         return "count"
     if is_mass_noun(concept.text):
         return "mass"
     singular, plural = forms
-    if is_plural_only(concept.text) or (singular == plural and concept.text.lower().endswith("s")):
+    head = split_of(concept.text)[0]  # "sheep of the hills" is invariant by "sheep", not by its last "s"
+    if is_plural_only(concept.text) or (singular == plural and head.lower().endswith("s")):
         return "plural_only"
     return "count"
 

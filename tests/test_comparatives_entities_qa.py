@@ -87,6 +87,20 @@ def test_an_of_phrase_takes_its_number_from_its_head(name, plural, mass, forms):
     assert not is_plural_only(plural)  # 'glasses of water' is a glass's plural, not the eyewear
 
 
+@pytest.mark.parametrize("name, kind", [
+    ("sheep of the hills", "count"),        # a zero plural head: "a sheep of the hills", not plural-only by its "s"
+    ("fish of the rivers", "count"),
+    ("scissors of steel", "plural_only"),   # an invariant head in -s: no "a scissors of steel"
+    ("sheep", "count"), ("scissors", "plural_only"), ("cup of tea", "count"),
+])
+def test_an_of_phrase_is_invariant_in_s_by_its_head(name, kind):
+    from i2d2.concepts import Concept
+    from i2d2.prompts import noun_forms, noun_kind
+
+    c = Concept(name)
+    assert noun_kind(c, noun_forms(c)) == kind
+
+
 def test_plural_override_must_be_string_or_bool(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"metal": ["gold", {"name": "silver", "plural": 3}]}))

@@ -108,6 +108,25 @@ def test_an_attributive_comparative_describes_its_noun_not_the_subject():
         == {("height", 1)}
 
 
+def test_the_offline_rule_revision_is_in_the_contradiction_filter_fingerprint(monkeypatch):
+    """The lexicon rule's reading changed (attributive comparatives): a finished contradiction filter stage that the
+    old rule wrote must be redone, not reused under the same fingerprint. Other scorers do not read the rule."""
+    from critics.contradiction import ComparativeDirectionScorer
+    from i2d2.io import fingerprint
+    from i2d2.recipes.comparatives import _fingerprinted_cfg
+
+    def fp(scorer):
+        return fingerprint(_fingerprinted_cfg("contradiction", {"scorer": scorer, "k": 5,
+                                                                "contradiction_threshold": 0.99}))
+
+    before = {s: fp(s) for s in ("offline", "cross_encoder", "roberta-large-mnli")}
+    monkeypatch.setattr(ComparativeDirectionScorer, "REVISION", "another-reading", raising=False)
+    after = {s: fp(s) for s in before}
+    assert after["offline"] != before["offline"]
+    assert after["cross_encoder"] == before["cross_encoder"] and after["roberta-large-mnli"] == before[
+        "roberta-large-mnli"]
+
+
 # ----------------------------------------------------------------------------- ComparativeQA evaluation CLI
 
 def _qa_item():
