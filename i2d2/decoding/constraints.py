@@ -332,6 +332,13 @@ def validate(cs: ConstraintSet, encode=None, where: str = "", checked: set | Non
                                   f"{ranked} clauses can be satisfied in order")
 
 
+def count_in(part: tuple, whole: tuple) -> int:
+    """How many times the words ``part`` occur as consecutive words of ``whole`` (overlaps counted, as the decoder's
+    phrase automaton counts them)."""
+    n = len(part)
+    return sum(whole[k:k + n] == part for k in range(len(whole) - n + 1)) if n else 0
+
+
 def occurs_in(part: tuple, whole: tuple) -> bool:
     """Whether the words ``part`` occur as consecutive words of ``whole``."""
     n = len(part)

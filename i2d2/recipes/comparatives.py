@@ -223,7 +223,7 @@ def _fingerprinted_cfg(name: str, stage_cfg: dict) -> dict:
     if stage_cfg.get("scorer") in ("offline", "comparative-direction"):  # the rule's reading decides the output
         from critics.contradiction import ComparativeDirectionScorer
 
-        cfg["offline_rule"] = ComparativeDirectionScorer.REVISION
+        cfg["offline_rule"] = ComparativeDirectionScorer.reading()
     if stage_cfg.get("scorer") == "cross_encoder":
         cfg["cross_encoder"] = {k: v for k, v in (stage_cfg.get("cross_encoder") or {}).items() if k != "dir"}
     return cfg
