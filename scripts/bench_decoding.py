@@ -6,7 +6,8 @@ Settings timed per model (one process, warm-up first):
   nl-none   NeuroLogicDecoder, no constraints
   nl-i2d2   I2D2 A.1.4: count(function words) <= 1, count(connectives) = 0, NOT concept, NOT relational phrase
   nl-nc     NeuroComparatives A.2/A.3: aux verb and adverb clauses (ordered 1-2), Table 9 negatives (= 0),
-            dynamic top-5 comparative clause over Table 8 (ordered 3)
+            dynamic top-5 comparative clause over Table 8 (ordered 3); beta 1.25, sat tolerance 3 and the
+            prune factor of conf/decoding/comparatives.yaml (500); the others prune at the schema's 50
 
   python scripts/bench_decoding.py                      # tiny:gpt2 and tiny:gpt2-124m, beam 10 x 30, batch 8
   python scripts/bench_decoding.py --gemma --device cuda --batch 32
@@ -129,7 +130,8 @@ def run_model(name, args, out_rows):
     cfg = DecodingConfig(beam_size=K, num_return=K, max_new_tokens=T, min_new_tokens=args.min_new_tokens,
                          length_penalty=0.1, prune_factor=50, sat_tolerance=2, beta=0.0, batch_size=B,
                          early_stopping=True)
-    nc_cfg = DecodingConfig(**{**cfg.__dict__, "beta": 1.25, "sat_tolerance": 3})
+    nc_pf = (_yaml("conf/decoding/comparatives.yaml") or {}).get("prune_factor", 500)  # the NC preset's
+    nc_cfg = DecodingConfig(**{**cfg.__dict__, "beta": 1.25, "sat_tolerance": 3, "prune_factor": int(nc_pf)})
     dec = NeuroLogicDecoder(model, tok, cfg)
     dec_nc = NeuroLogicDecoder(model, tok, nc_cfg)
     ip, iset = i2d2_sets(B)

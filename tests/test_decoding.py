@@ -692,6 +692,22 @@ def test_cpu_topk_matches_torch_topk(monkeypatch):
     assert selects and set(selects) == {1}
 
 
+def test_kth_largest_is_the_topk_threshold():
+    """The prune threshold read by selection alone is the k-th value of torch's top-k, exactly: with -inf entries
+    (banned tokens, fewer finite than k), ties, and on a non-contiguous input."""
+    from i2d2.decoding.neurologic import _kth_largest
+
+    g = torch.Generator().manual_seed(1)
+    for n, k in ((1000, 500), (1000, 50), (300, 299), (40, 1), (40, 40)):
+        x = torch.randn(6, n, generator=g)
+        x[0, 3:] = float("-inf")
+        x[1] = float("-inf")
+        x[2] = torch.round(x[2])  # many equal values
+        assert torch.equal(_kth_largest(x, k), x.topk(k, dim=-1).values[:, -1]), (n, k)
+    x = torch.randn(50, 6, generator=g).t()
+    assert torch.equal(_kth_largest(x, 7), x.topk(7, dim=-1).values[:, -1])
+
+
 @pytest.mark.filterwarnings("error::FutureWarning")
 def test_kv_cache_goes_by_the_models_own_keyword(tiny_gpt2):
     """transformers renamed ``past_key_values`` to ``cache`` (the old name warns and is removed in 5.40): the decoder
