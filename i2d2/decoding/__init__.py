@@ -6,8 +6,9 @@ from .neurologic import DecodingConfig, Generation, NeuroLogicDecoder
 
 # What the decoder returns for the same model, prompts and config. Raise it when a change alters the output rows
 # (sequences, scores or ``matched``: revision 2 names the first-completed literal of a clause), so that shards
-# an older decoder wrote are decoded again on resume rather than mixed with new ones.
-OUTPUT_REVISION = 2
+# an older decoder wrote are decoded again on resume rather than mixed with new ones. Revision 3: on a CPU with a
+# small vocabulary the prune threshold is selected alone, so exactly tied log-probs may order differently.
+OUTPUT_REVISION = 3
 
 __all__ = ["Literal", "Clause", "CountConstraint", "DynamicClause", "ConstraintSet", "DecodingConfig",
            "NeuroLogicDecoder", "Generation", "ConstraintError", "split_words", "canonical_word", "word_variants",

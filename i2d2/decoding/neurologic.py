@@ -659,15 +659,16 @@ class NeuroLogicDecoder:
                     lp = lp + self.end_block
                 if n_gram and t >= n_gram:
                     lp = self._ban_ngrams(lp, hist[:, : t], n_gram)
-                # the prune threshold (the PF-th best log-prob) only gates proposed constraint tokens; one top-k
-                # serves both unless PF is a large share of a small vocabulary on a CPU, where selecting the PF-th
-                # value alone is cheaper than sorting the PF best
+                # the prune threshold (the PF-th best log-prob) gates proposed constraint tokens; one top-k serves
+                # it and the candidates unless PF is a large share of a small vocabulary on a CPU, where selecting
+                # the PF-th value alone is cheaper than sorting the PF best (exactly equal log-probs, e.g. bf16
+                # weights, may then come in another order among the top M: OUTPUT_REVISION 3)
                 if has_positive and PF > M and kth_alone:
                     topv, topi = _topk(lp, M)
                     thresh = _kth_largest(lp, PF)
                 else:
-                    topv, topi = _topk(lp, max(M, PF) if has_positive else M)
-                    thresh = topv[:, PF - 1] if has_positive else None
+                    topv, topi = _topk(lp, max(M, PF))
+                    thresh = topv[:, PF - 1]
                 cand = topi[:, :M]
                 cvalid = topv[:, :M] > NEG  # finite: a log-prob is never +inf (one kernel, isfinite is four)
                 if has_positive:
