@@ -53,6 +53,17 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     assert disc["nc_xl"] == counts["contradiction"]["out"] and disc["nc_s"] <= disc["nc_l"] <= disc["nc_xl"]
     metrics = json.loads((it / "metrics.json").read_text())
     assert set(metrics["nc_xl"]) >= {"n"} and "critic" in metrics
+    # per pass: its prompts and what each stage kept of them, adding up to the stage totals
+    by_pass = metrics["passes"]
+    assert len(by_pass) == 2 and sum(r["prompts"] for r in by_pass) == len(prompts)
+    gens = read_jsonl(it / "generations" / "generations.jsonl")
+    assert sum(r["generations"] for r in by_pass) == len(gens)
+    assert sum(r["satisfied"] for r in by_pass) == sum(bool(g["all_satisfied"]) for g in gens)
+    for s in order[1:5]:
+        assert sum(r[s] for r in by_pass) == counts[s]["out"], s
+    assert "## Per pass" in (it / "report.md").read_text()
+    assert f"| {by_pass[0]['pass']} | {by_pass[0]['prompts']} | {by_pass[0]['generations']} |" in (
+        it / "report.md").read_text()
     # each cut's precision on the critic's test split, which the report shows beside the floor and the base rate
     cuts = metrics["critic"]["cuts_test"]
     assert set(cuts) == {"nc_xl", "nc_l", "nc_s"} and cuts["nc_xl"]["n_kept"] == metrics["critic"]["n_test"]

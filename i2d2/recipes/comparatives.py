@@ -450,8 +450,12 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         timings["discriminator"] = time.time() - t0
     write_json(fdir / "stage_counts.json", {"stages": [{"stage": k, **v} for k, v in counts.items()]})
 
-    # ---- metrics: Self-BLEU per pair, relation entropy, per-stage counts
+    # ---- metrics: Self-BLEU per pair, relation entropy, per-stage and per-pass counts
     metrics = {"counts": counts}
+    metrics["passes"] = pass_counts(prompts_path, {"generations": gen_union, "satisfied": gen_union,
+                                                   "candidates": cand_path,
+                                                   **{s: fdir / s / "kept.jsonl" for s in FILTER_STAGES}},
+                                    wl.passes())
     sets = {"nc": final}
     if disc is not None:
         sets = {cut: _df(fdir / "discriminator" / f"{cut}.jsonl") for cut in fcfg.discriminator.cuts}
@@ -473,6 +477,9 @@ def run_iteration(cfg, k: int, tracker) -> dict:
                              if isinstance(v, (int, float)) and v is not None and np.isfinite(v)})
         tracker.log_table("comparatives/stage_counts", ["stage", "in", "out"],
                           [[s, c.get("in"), c.get("out")] for s, c in counts.items()])
+        if metrics["passes"]:
+            tracker.log_table("comparatives/passes", list(metrics["passes"][0]),
+                              [list(r.values()) for r in metrics["passes"]])
 
     # ---- ComparativeQA export (App. E.2) from the chosen set
     log.info("ComparativeQA from %s (%d statements)", qa_src, len(sets[qa_src]))
@@ -528,12 +535,37 @@ def qa_eval_stage(cfg, qa_path: Path, out_dir: Path, generator, generator_name: 
     return metrics
 
 
+def pass_counts(prompts_path: Path, stage_files: dict[str, Path], passes: list[tuple[str, str]]) -> list[dict]:
+    """Per pass (aux verb + adverb, §2.2.1): its prompts, generations, those meeting every clause, and what each
+    stage after them keeps. A pass whose clauses the decoder cannot meet reads as a row of zeros here, where the
+    stage totals would hide it (one whose adverb ranked outside the prune factor lost 20 % of a job's prompts)."""
+    rows: dict[int, dict] = {}
+    for r in read_jsonl(prompts_path):
+        i = int(r["pass"])
+        name = " ".join(passes[i]) if 0 <= i < len(passes) else f"{r['aux']} {r['adverb']}"
+        row = rows.setdefault(i, {"pass": name, "prompts": 0, **{s: 0 for s in stage_files}})
+        row["prompts"] += 1
+    for stage, path in stage_files.items():
+        if path.exists():
+            for r in read_jsonl(path):
+                i = int(r["pass"])
+                if i in rows:
+                    rows[i][stage] += int(stage != "satisfied" or bool(r.get("all_satisfied")))
+    return [rows[i] for i in sorted(rows)]
+
+
 def _report(k, prompts, counts, metrics, samples, qa) -> str:
     lines = [f"# NeuroComparatives, iteration {k}", "",
              f"{prompts['n_classes']} classes / {prompts['n_entities']} entities, {prompts['n_pairs']} pairs, "
              f"{prompts['n_pairs_after_perplexity']} after the perplexity filter, {prompts['n_pairs_used']} used; "
              f"passes: {', '.join(prompts['passes'])}", "", "## Stage counts", "", "| stage | in | out |", "|---|---|---|"]
     lines += [f"| {s} | {c.get('in')} | {c.get('out')} |" for s, c in counts.items()]
+    by_pass = metrics.get("passes") or []
+    if by_pass:
+        stages = [c for c in by_pass[0] if c not in ("pass", "prompts")]
+        lines += ["", "## Per pass", "", "| pass | prompts | " + " | ".join(stages) + " |",
+                  "|---" * (len(stages) + 2) + "|"]
+        lines += [f"| {r['pass']} | {r['prompts']} | " + " | ".join(str(r[c]) for c in stages) + " |" for r in by_pass]
     lines += ["", "## Metrics", "", "| set | n | pairs | Self-BLEU-2 | Self-BLEU-3 | relation entropy |",
               "|---|---|---|---|---|---|"]
     for name, m in metrics.items():
