@@ -85,12 +85,14 @@ def test_report_breaks_generations_and_person_judged_heldout_accuracy_down_by_pr
     from i2d2.io import write_jsonl
     from i2d2.recipes.generics_report import by_prompt_form
 
-    kept = [{"form": "adverb+indefinite", "prompt_id": "p1", "critic_score": 0.9}]
-    dropped = [{"form": "adverb+indefinite", "prompt_id": "p1", "critic_score": 0.2},
-               {"form": "adverb+bare_plural", "prompt_id": "p2", "critic_score": 0.7},
+    kept = [{"form": "adverb+indefinite", "prompt_id": "p1", "critic_score": 0.9, "all_satisfied": True}]
+    dropped = [{"form": "adverb+indefinite", "prompt_id": "p1", "critic_score": 0.2, "all_satisfied": False},
+               {"form": "adverb+bare_plural", "prompt_id": "p2", "critic_score": 0.7, "all_satisfied": True},
                {"form": "goal", "prompt_id": "p3", "critic_score": 0.1}]
     forms = by_prompt_form(kept, dropped, delta=0.5)
-    assert forms["adverb+indefinite"] == {"prompts": 1, "generations": 2, "kept": 1, "accepted_rate": 0.5}
+    assert forms["adverb+indefinite"] == {"prompts": 1, "generations": 2, "kept": 1, "satisfied_rate": 0.5,
+                                          "accepted_rate": 0.5}
+    assert forms["goal"]["satisfied_rate"] == 0.0 and forms["adverb+bare_plural"]["satisfied_rate"] == 1.0
     assert forms["adverb+bare_plural"]["accepted_rate"] == 1.0 and forms["goal"]["kept"] == 0
     # held-out person-judged accuracy per form, from the blind labels store
     d = tmp_path / "iter_0" / "heldout"
@@ -110,8 +112,8 @@ def test_report_breaks_generations_and_person_judged_heldout_accuracy_down_by_pr
              by_form=forms, heldout_by_form=json.loads(json.dumps(rows)))
     md = render_markdown(m, {}, [m], None)
     assert "## Prompt forms" in md
-    assert "| adverb+indefinite | 1 | 2 | 0.500 | 1 | 0.500 (" in md and "n=2) |" in md
-    assert "| adverb+bare_plural | 1 | 1 | 1.000 | 0 | – |" in md
+    assert "| adverb+indefinite | 1 | 2 | 0.500 | 0.500 | 1 | 0.500 (" in md and "n=2) |" in md
+    assert "| adverb+bare_plural | 1 | 1 | 1.000 | 1.000 | 0 | – |" in md
 
 
 def test_sample_tables_count_distinct_rows_and_do_not_repeat_a_short_rejected_list():

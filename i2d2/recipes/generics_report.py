@@ -262,14 +262,15 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
     held = {r["form"]: r for r in m.get("heldout_by_form") or []}
     if forms or held:
         lines += ["", "## Prompt forms", "",
-                  "| form | prompts | generations | critic-accepted (proxy) | kept | held-out: person-judged accuracy "
-                  "(95 % CI, n) |", "|---|---|---|---|---|---|"]
+                  "| form | prompts | generations | constraints met | critic-accepted (proxy) | kept | held-out: "
+                  "person-judged accuracy (95 % CI, n) |", "|---|---|---|---|---|---|---|"]
         for form in list(forms) + [f for f in held if f not in forms]:
             f, h = forms.get(form, {}), held.get(form, {})
             acc = "–" if h.get("accuracy") is None else (f"{_fmt(h['accuracy'])} ({_fmt(h.get('ci95_low'))}–"
                                                         f"{_fmt(h.get('ci95_high'))}, n={h.get('n_labelled')})")
             lines.append(f"| {form} | {_fmt(f.get('prompts'))} | {_fmt(f.get('generations'))} | "
-                         f"{_fmt(f.get('accepted_rate'))} | {_fmt(f.get('kept'))} | {acc} |")
+                         f"{_fmt(f.get('satisfied_rate'))} | {_fmt(f.get('accepted_rate'))} | {_fmt(f.get('kept'))} "
+                         f"| {acc} |")
         lines += ["", "The forms' measured yields that chose the default order: "
                   "`i2d2/data/annotations/prompt_form_yield.json` (README: I2D2 prompts)."]
     if pr_png:
@@ -295,17 +296,21 @@ def _distinct(rows: Sequence[Mapping]) -> list[Mapping]:
 
 
 def by_prompt_form(kept: Sequence[Mapping], dropped: Sequence[Mapping], delta: float | None) -> dict:
-    """This iteration's generations per prompt form (goal prompts as ``goal``): prompts, generations, the
+    """This iteration's generations per prompt form (goal prompts as ``goal``): prompts, generations, the share
+    meeting every constraint (a form whose clauses the decoder misses shows here, not in the overall rate), the
     critic-accepted share (score > δ: a proxy) and how many were kept. A form's yield that a person judged is the
     held-out table (``heldout_by_form``, filled in by ``annotate import --blind``)."""
     out: dict[str, dict] = {}
     for r, kept_ in [(r, True) for r in kept] + [(r, False) for r in dropped]:
-        f = out.setdefault(str(r.get("form") or "–"), {"prompts": set(), "generations": 0, "accepted": 0, "kept": 0})
+        f = out.setdefault(str(r.get("form") or "–"), {"prompts": set(), "generations": 0, "satisfied": 0,
+                                                       "accepted": 0, "kept": 0})
         f["prompts"].add(r.get("prompt_id"))
         f["generations"] += 1
+        f["satisfied"] += int(bool(r.get("all_satisfied")))
         f["accepted"] += int(delta is not None and r.get("critic_score") is not None and r["critic_score"] > delta)
         f["kept"] += int(kept_)
     return {form: {"prompts": len(f["prompts"]), "generations": f["generations"], "kept": f["kept"],
+                   "satisfied_rate": f["satisfied"] / f["generations"],
                    "accepted_rate": f["accepted"] / f["generations"] if delta is not None else None}
             for form, f in sorted(out.items(), key=lambda kv: -kv[1]["generations"])}
 
@@ -352,7 +357,7 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
             hcols = ["iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta",
                      "accepted_rate", "human_accuracy", "kept_fraction", "self_bleu_kept", "unique_estimate"]
             tracker.log_table("report/iterations", hcols, [[h.get(c) for c in hcols] for h in hist])
-        fcols = ["form", "prompts", "generations", "accepted_rate", "kept"]
+        fcols = ["form", "prompts", "generations", "satisfied_rate", "accepted_rate", "kept"]
         tracker.log_table("report/prompt_forms", fcols, [[f, *(v[c] for c in fcols[1:])]
                                                          for f, v in metrics["by_form"].items()])
         if aps:
