@@ -241,6 +241,7 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
         complete=complete, rank=rank, world_size=world, shards=len(all_shards), shards_decoded=len(todo),
         shards_skipped=len(mine) - len(todo), prompts_decoded_now=n_call,
         call_prompts_per_s=n_call / call_seconds if n_call and call_seconds > 0 else 0.0,
+        decoder_output_revision=decoding.OUTPUT_REVISION,
     )
     if complete and writer:
         write_json(out_dir / "generation_summary.json", summary)
@@ -270,6 +271,28 @@ def generations_table(out_dir: Path):
     return read_table(Path(out_dir) / TABLE, columns=["prompt_id", "generation"])
 
 
+def warn_if_older_decoder(out_dir: Path, stage_dir: Path | None = None) -> bool:
+    """A finished generation stage is reused by its stage fingerprint (prompts, decoding config, model), which does
+    not name the decoder's output revision: re-decoding every earlier run after each decoder fix would be the
+    other choice. Say so when the generations were written by another revision than this decoder's (or before
+    revisions were recorded), naming the folder to delete to decode them again: ``stage_dir``, the finished stage
+    that holds ``out_dir`` (``out_dir`` itself by default). True when it warned."""
+    from i2d2 import decoding
+
+    path = Path(out_dir) / "generation_summary.json"
+    try:
+        rev = json.loads(path.read_text(encoding="utf-8")).get("decoder_output_revision")
+    except (OSError, ValueError):
+        return False
+    if rev == decoding.OUTPUT_REVISION:
+        return False
+    log.warning("%s: reused generations written by %s; this decoder is output revision %d (i2d2.decoding."
+                "OUTPUT_REVISION). Delete %s to decode them again with it.", out_dir,
+                "an older decoder (before revisions were recorded)" if rev is None else f"decoder output revision {rev}",
+                decoding.OUTPUT_REVISION, stage_dir or out_dir)
+    return True
+
+
 def read_generations(out_dir: Path) -> list[dict]:
     """The rows of a finished generation stage as dicts (small tables: held-out sets, comparatives)."""
     out_dir = Path(out_dir)
@@ -278,4 +301,5 @@ def read_generations(out_dir: Path) -> list[dict]:
     return generations_table(out_dir).to_list()
 
 
-__all__ = ["generate_stage", "shard_indices", "shard_path", "read_generations", "generations_table", "ROW_FIELDS"]
+__all__ = ["generate_stage", "shard_indices", "shard_path", "read_generations", "generations_table", "ROW_FIELDS",
+           "warn_if_older_decoder"]

@@ -244,3 +244,29 @@ def test_shards_of_another_decoder_revision_are_decoded_again(tmp_path, tiny_gpt
     assert generate_stage(*tiny_gpt2, prompts_file, tmp_path, DECODING, shard_size=SHARD)["shards_decoded"] == 0
     monkeypatch.setattr(decoding, "OUTPUT_REVISION", decoding.OUTPUT_REVISION + 1)
     assert generate_stage(*tiny_gpt2, prompts_file, tmp_path, DECODING, shard_size=SHARD)["shards_decoded"] == 4
+
+
+def test_reused_generations_of_another_decoder_revision_are_named(tmp_path, tiny_gpt2, prompts_file, monkeypatch,
+                                                                   caplog):
+    """A finished stage is reused by its stage fingerprint, which does not name the decoder revision: the summary
+    records the revision and the recipes warn (naming the folder to delete) when it is not this decoder's."""
+    import logging
+
+    from i2d2 import decoding
+    from i2d2.generation import generate_stage, warn_if_older_decoder
+
+    summary = generate_stage(*tiny_gpt2, prompts_file, tmp_path, DECODING, shard_size=SHARD)
+    assert summary["decoder_output_revision"] == decoding.OUTPUT_REVISION
+    with caplog.at_level(logging.WARNING, logger="i2d2.generation"):
+        assert not warn_if_older_decoder(tmp_path) and not caplog.records
+        monkeypatch.setattr(decoding, "OUTPUT_REVISION", decoding.OUTPUT_REVISION + 1)
+        assert warn_if_older_decoder(tmp_path)
+        assert f"decoder output revision {decoding.OUTPUT_REVISION - 1}" in caplog.text and str(tmp_path) in caplog.text
+        # written before revisions were recorded
+        s = json.loads((tmp_path / "generation_summary.json").read_text())
+        s.pop("decoder_output_revision")
+        (tmp_path / "generation_summary.json").write_text(json.dumps(s))
+        assert warn_if_older_decoder(tmp_path) and "before revisions were recorded" in caplog.text
+        assert not warn_if_older_decoder(tmp_path / "absent")
+        caplog.clear()
+        assert warn_if_older_decoder(tmp_path, stage_dir=tmp_path.parent) and f"Delete {tmp_path.parent} " in caplog.text

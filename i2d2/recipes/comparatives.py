@@ -376,7 +376,7 @@ def _model_name(cfg, k: int) -> str:
 
 
 def run_iteration(cfg, k: int, tracker) -> dict:
-    from i2d2.generation import generate_stage, read_generations
+    from i2d2.generation import generate_stage, read_generations, warn_if_older_decoder
     from i2d2.lightning_setup import resolve_device
     from i2d2.models import load_causal_lm
 
@@ -409,6 +409,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
                            lambda d: generate_stage(model, tok, prompts_path, d, _plain(cfg.decoding), tracker,
                                                     shard_size=int(task.shard_size)), name="generations")
     timings["generation"] = time.time() - t0
+    warn_if_older_decoder(it / "generations")
     fdir = it / "filtered"
     gen_union = it / "generations" / "generations.jsonl"
 

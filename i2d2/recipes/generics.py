@@ -501,7 +501,12 @@ def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, 
             raise RuntimeError(f"generation incomplete in {d}: {summary}")
         return summary
 
-    return stage(ranks, out, fp, fn, "generation", all_ranks=True)
+    summary = stage(ranks, out, fp, fn, "generation", all_ranks=True)
+    if ranks.zero:
+        from i2d2.generation import warn_if_older_decoder
+
+        warn_if_older_decoder(out)
+    return summary
 
 
 def _device(cfg) -> str:
@@ -889,7 +894,12 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
             tracker.log_metrics({f"heldout/{a}": b for a, b in summary.items() if b is not None})
         return summary
 
-    return stage(ranks, out, fp, fn, "heldout")
+    summary = stage(ranks, out, fp, fn, "heldout")
+    if ranks.zero:
+        from i2d2.generation import warn_if_older_decoder
+
+        warn_if_older_decoder(out / "generations", stage_dir=out)  # the held-out stage is what to redo
+    return summary
 
 
 def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks: Ranks) -> dict:
