@@ -288,7 +288,8 @@ def warn_if_older_decoder(out_dir: Path, stage_dir: Path | None = None) -> bool:
         return False
     log.warning("%s: reused generations written by %s; this decoder is output revision %d (i2d2.decoding."
                 "OUTPUT_REVISION). Delete %s to decode them again with it.", out_dir,
-                "an older decoder (before revisions were recorded)" if rev is None else f"decoder output revision {rev}",
+                "a decoder that did not record its revision (older, or revision 3 before it was recorded)"
+                if rev is None else f"decoder output revision {rev}",
                 decoding.OUTPUT_REVISION, stage_dir or out_dir)
     return True
 

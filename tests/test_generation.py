@@ -266,7 +266,7 @@ def test_reused_generations_of_another_decoder_revision_are_named(tmp_path, tiny
         s = json.loads((tmp_path / "generation_summary.json").read_text())
         s.pop("decoder_output_revision")
         (tmp_path / "generation_summary.json").write_text(json.dumps(s))
-        assert warn_if_older_decoder(tmp_path) and "before revisions were recorded" in caplog.text
+        assert warn_if_older_decoder(tmp_path) and "did not record its revision" in caplog.text
         assert not warn_if_older_decoder(tmp_path / "absent")
         caplog.clear()
         assert warn_if_older_decoder(tmp_path, stage_dir=tmp_path.parent) and f"Delete {tmp_path.parent} " in caplog.text

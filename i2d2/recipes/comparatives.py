@@ -35,7 +35,7 @@ from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
 from i2d2.tracking import publish_report
-from i2d2.io import DataError, fingerprint, in_run, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
+from i2d2.io import DataError, fingerprint, in_run, iter_jsonl, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
     write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -453,9 +453,8 @@ def run_iteration(cfg, k: int, tracker) -> dict:
 
     # ---- metrics: Self-BLEU per pair, relation entropy, per-stage and per-pass counts
     metrics = {"counts": counts}
-    metrics["passes"] = pass_counts(prompts_path, {"generations": gen_union, "satisfied": gen_union,
-                                                   "candidates": cand_path,
-                                                   **{s: fdir / s / "kept.jsonl" for s in FILTER_STAGES}},
+    metrics["passes"] = pass_counts(prompts_path, gen_union,
+                                    {"candidates": cand_path, **{s: fdir / s / "kept.jsonl" for s in FILTER_STAGES}},
                                     wl.passes())
     sets = {"nc": final}
     if disc is not None:
@@ -536,22 +535,34 @@ def qa_eval_stage(cfg, qa_path: Path, out_dir: Path, generator, generator_name: 
     return metrics
 
 
-def pass_counts(prompts_path: Path, stage_files: dict[str, Path], passes: list[tuple[str, str]]) -> list[dict]:
-    """Per pass (aux verb + adverb, §2.2.1): its prompts, generations, those meeting every clause, and what each
-    stage after them keeps. A pass whose clauses the decoder cannot meet reads as a row of zeros here, where the
-    stage totals would hide it (one whose adverb ranked outside the prune factor lost 20 % of a job's prompts)."""
+def pass_counts(prompts_path: Path, gen_path: Path, stage_files: dict[str, Path],
+                passes: list[tuple[str, str]]) -> list[dict]:
+    """Per pass (aux verb + adverb, §2.2.1): its prompts, generations, those meeting every clause ("satisfied"),
+    and what each stage in ``stage_files`` keeps. A pass whose clauses the decoder cannot meet reads as zeros from
+    "satisfied" on, where the stage totals would hide it (one whose adverb ranked outside the prune factor lost a
+    fifth of a job's prompts). Each file is streamed once."""
     rows: dict[int, dict] = {}
     for r in read_jsonl(prompts_path):
         i = int(r["pass"])
         name = " ".join(passes[i]) if 0 <= i < len(passes) else f"{r['aux']} {r['adverb']}"
-        row = rows.setdefault(i, {"pass": name, "prompts": 0, **{s: 0 for s in stage_files}})
+        row = rows.setdefault(i, {"pass": name, "prompts": 0, "generations": 0, "satisfied": 0,
+                                  **{s: 0 for s in stage_files}})
         row["prompts"] += 1
-    for stage, path in stage_files.items():
+
+    def each(path: Path):
         if path.exists():
-            for r in read_jsonl(path):
-                i = int(r["pass"])
-                if i in rows:
-                    rows[i][stage] += int(stage != "satisfied" or bool(r.get("all_satisfied")))
+            for lineno, r, problem in iter_jsonl(path):
+                if problem:
+                    raise DataError(f"{path}:{lineno}: {problem}")
+                if int(r["pass"]) in rows:
+                    yield rows[int(r["pass"])], r
+
+    for row, g in each(gen_path):
+        row["generations"] += 1
+        row["satisfied"] += int(bool(g.get("all_satisfied")))
+    for stage, path in stage_files.items():
+        for row, _ in each(path):
+            row[stage] += 1
     return [rows[i] for i in sorted(rows)]
 
 

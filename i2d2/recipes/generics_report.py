@@ -303,14 +303,15 @@ def by_prompt_form(kept: Sequence[Mapping], dropped: Sequence[Mapping], delta: f
     out: dict[str, dict] = {}
     for r, kept_ in [(r, True) for r in kept] + [(r, False) for r in dropped]:
         f = out.setdefault(str(r.get("form") or "–"), {"prompts": set(), "generations": 0, "satisfied": 0,
-                                                       "accepted": 0, "kept": 0})
+                                                       "with_sat": 0, "accepted": 0, "kept": 0})
         f["prompts"].add(r.get("prompt_id"))
         f["generations"] += 1
+        f["with_sat"] += int("all_satisfied" in r)  # generations without constraint columns: unknown, not 0
         f["satisfied"] += int(bool(r.get("all_satisfied")))
         f["accepted"] += int(delta is not None and r.get("critic_score") is not None and r["critic_score"] > delta)
         f["kept"] += int(kept_)
     return {form: {"prompts": len(f["prompts"]), "generations": f["generations"], "kept": f["kept"],
-                   "satisfied_rate": f["satisfied"] / f["generations"],
+                   "satisfied_rate": f["satisfied"] / f["with_sat"] if f["with_sat"] else None,
                    "accepted_rate": f["accepted"] / f["generations"] if delta is not None else None}
             for form, f in sorted(out.items(), key=lambda kv: -kv[1]["generations"])}
 
