@@ -214,14 +214,11 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str 
         yield (lineno, row, None) if isinstance(row, dict) else (lineno, None, "expected a JSON object")
 
 
-def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: str = "raise",
-               errors: list | None = None) -> list[dict]:
-    """Read JSON lines; a broken line or a missing required field raises DataError naming file:line.
-
-    ``on_error='skip'`` skips bad lines instead and appends their messages to ``errors``.
-    """
+def stream_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: str = "raise",
+                 errors: list | None = None) -> Iterator[dict]:
+    """The rows of a JSON-lines file one at a time; a broken line or a missing required field raises DataError
+    naming file:line. ``on_error='skip'`` skips bad lines instead and appends their messages to ``errors``."""
     path = Path(path)
-    rows = []
     for lineno, row, problem in iter_jsonl(path):
         if problem is None:
             missing = [k for k in required if k not in row or row[k] in (None, "")]
@@ -233,8 +230,13 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: 
             if errors is not None:
                 errors.append(msg)
             continue
-        rows.append(row)
-    return rows
+        yield row
+
+
+def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: str = "raise",
+               errors: list | None = None) -> list[dict]:
+    """All rows of a JSON-lines file (``stream_jsonl``, as a list)."""
+    return list(stream_jsonl(path, required, on_error, errors))
 
 
 def read_csv(path: str | os.PathLike, required: Iterable[str] = ()) -> list[dict]:

@@ -130,8 +130,8 @@ def run_model(name, args, out_rows):
     cfg = DecodingConfig(beam_size=K, num_return=K, max_new_tokens=T, min_new_tokens=args.min_new_tokens,
                          length_penalty=0.1, prune_factor=50, sat_tolerance=2, beta=0.0, batch_size=B,
                          early_stopping=True)
-    nc_pf = (_yaml("conf/decoding/comparatives.yaml") or {}).get("prune_factor", 500)  # the NC preset's
-    nc_cfg = DecodingConfig(**{**cfg.__dict__, "beta": 1.25, "sat_tolerance": 3, "prune_factor": int(nc_pf)})
+    nc_pf = int(_yaml("conf/decoding/comparatives.yaml")["prune_factor"])  # the NC preset's, read from its file
+    nc_cfg = DecodingConfig(**{**cfg.__dict__, "beta": 1.25, "sat_tolerance": 3, "prune_factor": nc_pf})
     dec = NeuroLogicDecoder(model, tok, cfg)
     dec_nc = NeuroLogicDecoder(model, tok, nc_cfg)
     ip, iset = i2d2_sets(B)

@@ -96,3 +96,21 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     again = json.loads((it / "metrics.json").read_text())
     assert again["earlier_timings_s"] == [metrics["timings_s"]]
     assert again["timings_s"]["generation"] <= metrics["timings_s"]["generation"]
+
+
+def test_pass_counts_counts_each_pass_and_names_a_bad_line(tmp_path):
+    from i2d2.io import DataError, write_jsonl
+    from i2d2.recipes.comparatives import pass_counts
+
+    write_jsonl(tmp_path / "p.jsonl", [{"pass": 0}, {"pass": 0}, {"pass": 1}])
+    write_jsonl(tmp_path / "g.jsonl", [{"pass": 0, "all_satisfied": True}, {"pass": 1, "all_satisfied": False},
+                                       {"pass": 1, "all_satisfied": True}])
+    write_jsonl(tmp_path / "d.jsonl", [{"pass": 1}])
+    rows = pass_counts(tmp_path / "p.jsonl", tmp_path / "g.jsonl", {"dedup": tmp_path / "d.jsonl"},
+                       [("have", "typically"), ("need", "often")])
+    assert rows == [{"pass": "have typically", "prompts": 2, "generations": 1, "satisfied": 1, "dedup": 0},
+                    {"pass": "need often", "prompts": 1, "generations": 2, "satisfied": 1, "dedup": 1}]
+    (tmp_path / "d.jsonl").write_text('{"pass": 1}\n{"text": "no pass"}\n')
+    with pytest.raises(DataError, match=r"d\.jsonl:2: missing field\(s\) pass"):
+        pass_counts(tmp_path / "p.jsonl", tmp_path / "g.jsonl", {"dedup": tmp_path / "d.jsonl"},
+                    [("have", "typically"), ("need", "often")])

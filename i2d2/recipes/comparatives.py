@@ -35,8 +35,8 @@ from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
 from i2d2.tracking import publish_report
-from i2d2.io import DataError, fingerprint, in_run, iter_jsonl, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
-    write_jsonl, write_text
+from i2d2.io import DataError, fingerprint, in_run, model_fingerprint, read_jsonl, run_relative, run_stage, stream_jsonl, \
+    write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 # runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
@@ -551,9 +551,7 @@ def pass_counts(prompts_path: Path, gen_path: Path, stage_files: dict[str, Path]
 
     def each(path: Path):
         if path.exists():
-            for lineno, r, problem in iter_jsonl(path):
-                if problem:
-                    raise DataError(f"{path}:{lineno}: {problem}")
+            for r in stream_jsonl(path, required=("pass",)):
                 if int(r["pass"]) in rows:
                     yield rows[int(r["pass"])], r
 

@@ -472,7 +472,7 @@ def _gen_worker(fabric, model, tok, prompts_path, out_dir, decoding, shard_size,
 
 
 def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
-    from i2d2.generation import generate_stage
+    from i2d2.generation import generate_stage, warn_if_older_decoder
 
     out = it_dir / "generations"
     shard = int(_get(cfg.data, "generation.shard_size", 64))
@@ -503,8 +503,6 @@ def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, 
 
     summary = stage(ranks, out, fp, fn, "generation", all_ranks=True)
     if ranks.zero:
-        from i2d2.generation import warn_if_older_decoder
-
         warn_if_older_decoder(out)
     return summary
 
@@ -847,7 +845,7 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
     blind (``annotate export --blind``) to measure accuracy per iteration. Prompts are built once, with P_0, in
     iteration 0 and reused. Independent of the critic (the report scores them as a proxy); no critic trains on
     these concepts."""
-    from i2d2.generation import generate_stage, read_generations
+    from i2d2.generation import generate_stage, read_generations, warn_if_older_decoder
     from i2d2.prompts import build_generic_prompts, heldout_concepts
     from i2d2.recipes.generics_report import diversity
     from trainers.lm_finetune import join_statement
@@ -896,8 +894,6 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
 
     summary = stage(ranks, out, fp, fn, "heldout")
     if ranks.zero:
-        from i2d2.generation import warn_if_older_decoder
-
         warn_if_older_decoder(out / "generations", stage_dir=out)  # the held-out stage is what to redo
     return summary
 
