@@ -6,7 +6,7 @@ default critic), h(s) - h(c(s)), both concatenated, h(s) with h(c(s)), and h(s) 
 log P(s) - log P(c(s)).  Prints dev and test AP of each (test chose nothing).
 
 Run before few-shot context became the default (``critic.probe_context``): it reads the plain probe's features
-(no context), as its numbers in the README were measured.
+(no context), as its numbers in critics/EXPERIMENTS.md were measured.
 
   --task generics      the I2D2 critic (default ``critic`` config); c(s) = s negated by a spaCy rule ("not" after the
                        main clause's first auxiliary or copula, else do/does/did + the root verb's lemma)
@@ -17,7 +17,7 @@ Run before few-shot context became the default (``critic.probe_context``): it re
   python scripts/critic_contrast_pairs.py [--task generics|comparatives] [--limit N]
   # generics ~30 min on 2 CPU cores for the 2,911 statements; comparatives ~6 min for the 708
 
-README "Which critic" (generics) and the discriminator row of the comparatives table have the numbers; none of these
+critics/EXPERIMENTS.md has the numbers (generics and the discriminator); none of these
 beat the plain probe on test by more than the run-to-run spread.
 """
 

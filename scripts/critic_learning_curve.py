@@ -8,11 +8,11 @@ default splits and test chose nothing.  Prints test AP (mean and range over draw
 last doubling of the training data.
 
 Run before few-shot context became the default (``critic.probe_context``): it reads the plain probe's features
-(no context), as its numbers in the README were measured.
+(no context), as its numbers in critics/EXPERIMENTS.md were measured.
 
   python scripts/critic_learning_curve.py [--draws 5]     # ~10 min on 2 CPU cores (the features take most)
 
-README "Which critic" has the numbers.
+critics/EXPERIMENTS.md has the numbers.
 """
 
 from __future__ import annotations

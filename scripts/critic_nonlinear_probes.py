@@ -8,11 +8,11 @@ on the top principal components), an RBF SVM and a one-hidden-layer MLP, then th
 chosen settings.
 
 Run before few-shot context became the default (``critic.probe_context``): it reads the plain probe's features
-(no context), as its numbers in the README were measured.
+(no context), as its numbers in critics/EXPERIMENTS.md were measured.
 
   python scripts/critic_nonlinear_probes.py [--seeds 4]     # ~10 min on 2 CPU cores (the features take most)
 
-README "Which critic" has the numbers: neither beats the linear probe, and the MLP varies with its seed.
+critics/EXPERIMENTS.md has the numbers: neither beats the linear probe, and the MLP varies with its seed.
 """
 
 from __future__ import annotations
