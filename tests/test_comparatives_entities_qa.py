@@ -234,3 +234,29 @@ def test_qa_eval_cli(tmp_path, capsys):
     empty.write_text("")
     assert main(["--qa", str(empty), "--model", "tiny:gpt2"]) == 2
     assert "empty.jsonl has no items" in capsys.readouterr().err
+
+
+def test_benchmark_items_are_the_true_rows_split_by_their_prompt(tmp_path):
+    from critics.data import load_annotations
+    from i2d2.comparatives.qa import benchmark_qa
+
+    rows = [{"statement": "Compared to pruning shears, garden hoses are generally cheaper.", "label": "True",
+             "concept": "pruning shear | garden hose", "prompt": "Compared to pruning shears, garden hoses"},
+            {"statement": "Compared to wasps, dragonflies typically have a shorter lifespan.", "label": "False",
+             "concept": "wasp | dragonfly", "prompt": "Compared to wasps, dragonflies"},
+            {"statement": "Compared to wool sweaters, velvet dresses are generally more expensive.", "label": "True",
+             "concept": "wool sweater | velvet dress", "prompt": "Compared to wool sweaters, velvet dresses"}]
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    label_map = {"true": 1, "false": 0}
+    items = benchmark_qa(load_annotations([path], label_map), balance=True, seed=0)
+    assert [i["comparative"] for i in items] == [rows[0]["statement"], rows[2]["statement"]]  # the true rows only
+    first = items[0]
+    assert first["question"] == "Which of the following are generally cheaper?"
+    assert set(first["options"].values()) == {"pruning shears", "garden hoses"}  # multi-word entities kept whole
+    assert first["options"][first["answer"]] == "garden hoses"
+    assert sorted(i["answer"] for i in items) == ["A", "B"]  # balanced
+    rows[2]["prompt"] = ""  # a true row without its prompt cannot be split exactly: named, not guessed
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=r"labels\.jsonl:3: a ComparativeQA benchmark item needs its prompt"):
+        benchmark_qa(load_annotations([path], label_map))

@@ -78,6 +78,15 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     # §4.3: the exported QA is scored (by the generator here) with its answer balance
     ev = metrics["comparative_qa"]
     assert ev["n"] == len(qa) and ev["balanced"] and ev["model_is_generator"] and ev["model"] == cfg.model.name
+    # §4.1: the same LM on the benchmark built from the bundled labels' true comparatives
+    from critics.data import load_annotations
+    from i2d2.recipes.comparatives import SEED_ANNOTATIONS, critic_cfg
+
+    bench = metrics["comparative_qa_benchmark"]
+    n_true = sum(r["y"] for r in load_annotations([SEED_ANNOTATIONS], critic_cfg(cfg)["label_map"]))
+    assert bench["n"] == n_true == len(read_jsonl(it / "qa_benchmark" / "items.jsonl")) > 200
+    assert bench["balanced"] and bench["labels"] == [SEED_ANNOTATIONS.name]
+    assert f"accuracy **{bench['accuracy']:.3f}**" in (it / "report.md").read_text()
     assert len(read_jsonl(it / "qa_eval" / "predictions.jsonl")) == len(qa)
     assert "(the generator, on QA from its own output): accuracy" in (it / "report.md").read_text() or not qa
     # per-stage counts also in the tracker's CSV metrics

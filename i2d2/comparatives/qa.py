@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 PATTERN = re.compile(r"^\s*compared to (?P<e1>.+?), (?P<e2>.+?) (?P<rel>.+?)\s*[.!]?\s*$", re.IGNORECASE)
+PROMPT = re.compile(r"^\s*compared to (?P<e1>.+?), (?P<e2>.+?)\s*$", re.IGNORECASE)  # "Compared to X, Y"
 
 
 def to_qa(statement: str, entity1: str | None = None, entity2: str | None = None, swap: bool = False,
@@ -54,3 +55,26 @@ def export_qa(rows: list[dict], balance: bool = True, seed: int = 0, statement_k
         item.update({k: r[k] for k in ("pair_id", "critic_score", "score") if k in r})
         out.append(item)
     return out
+
+
+def benchmark_qa(rows: list[dict], balance: bool = True, seed: int = 0) -> list[dict]:
+    """ComparativeQA as the paper built its benchmark (§4.1): one item per comparative a person judged true (the
+    ``y == 1`` rows of ``critics.data.load_annotations``), its two entities read from the row's prompt ("Compared
+    to X, Y"), so a multi-word entity is split exactly. A true row without such a prompt is a DataError naming its
+    file:line (``source``)."""
+    from i2d2.io import DataError
+
+    true_rows = []
+    for r in rows:
+        if r.get("y") != 1:
+            continue
+        m = PROMPT.match(r.get("prompt") or "")
+        if not m:
+            raise DataError(f"{r.get('source', '?')}: a ComparativeQA benchmark item needs its prompt "
+                            f"'Compared to X, Y' (field 'prompt'), got {r.get('prompt')!r}")
+        true_rows.append({"statement": r["statement"], "plural1": m.group("e1"), "plural2": m.group("e2"),
+                          "prompt": r["prompt"]})
+    try:
+        return export_qa(true_rows, balance=balance, seed=seed)
+    except ValueError as e:  # a statement that does not start with its prompt
+        raise DataError(f"ComparativeQA benchmark: {e}") from None

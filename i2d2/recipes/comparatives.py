@@ -11,6 +11,8 @@ Stages, each in ``{run_dir}/iter_{k}/`` and skipped when finished with the same 
   critic/                  the shared critic trained on comparative annotations                   (§2.3.4)
   filtered/discriminator/  NC-XL / NC-L / NC-S cuts by critic score                              (§3)
   filtered/stage_counts.json, metrics.json, comparative_qa.jsonl, report.md
+  qa_eval/                 an LM scored on comparative_qa.jsonl                                   (§4.3)
+  qa_benchmark/            the same LM on the labelled comparatives judged true                   (§4.1)
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def check_config(cfg) -> None:
     if disc.enabled:  # without the discriminator the QA comes from every statement that passed the filters
         need(bool(cuts), "task.filters.discriminator.cuts", "must name at least one cut")
         need(task.qa.source in cuts, "task.qa.source", f"must be one of the cuts {sorted(cuts)}, got {task.qa.source!r}")
+    need(isinstance(task.qa.get("benchmark"), bool), "task.qa.benchmark", f"must be true or false, got {task.qa.get('benchmark')!r}")
     qe = {k: v for k, v in _plain(task.qa.evaluate).items() if k not in ("enabled", "model")}
     for key in ("shots", "max_share", "batch_size"):
         need(is_num(qe.get(key)), f"task.qa.evaluate.{key}", f"must be a number, got {qe.get(key)!r}")
@@ -497,6 +500,18 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         if tracker is not None:
             tracker.log_metrics({f"qa/{k}": v for k, v in metrics["comparative_qa"].items()
                                  if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        if task.qa.benchmark:  # the same LM on the comparatives people judged true (§4.1), not on its own cut
+            t0 = time.time()
+            paths, label_map = annotation_paths(cfg), critic_cfg(cfg).get("label_map")
+            metrics["comparative_qa_benchmark"] = run_stage(
+                it / "qa_benchmark", fingerprint(*paths, label_map, _plain(task.qa.evaluate), model_key, cfg.seed,
+                                                 "qa-benchmark-v1"),
+                lambda d: qa_benchmark_stage(cfg, paths, label_map, d, (model, tok), name), name="qa_benchmark")
+            metrics["timings_s"]["qa_benchmark"] = round(time.time() - t0, 1)
+            write_json(it / "metrics.json", metrics)
+            if tracker is not None:
+                tracker.log_metrics({f"qa_benchmark/{k}": v for k, v in metrics["comparative_qa_benchmark"].items()
+                                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
     del model
 
     # ---- samples + report
@@ -532,6 +547,21 @@ def qa_eval_stage(cfg, qa_path: Path, out_dir: Path, generator, generator_name: 
     write_jsonl(out_dir / "predictions.jsonl", rows)
     metrics["model"] = name
     metrics["model_is_generator"] = not ecfg.get("model")  # QA built from its own output: no independent test
+    return metrics
+
+
+def qa_benchmark_stage(cfg, paths: list[Path], label_map, out_dir: Path, generator, generator_name: str) -> dict:
+    """ComparativeQA as the paper's benchmark (§4.1): an item per labelled comparative judged true in the
+    discriminator's annotations (``items.jsonl``), scored like the exported QA (``qa_eval_stage``)."""
+    from critics.data import load_annotations
+    from i2d2.comparatives.qa import benchmark_qa
+
+    items = benchmark_qa(load_annotations(paths, label_map), balance=True, seed=int(cfg.seed))
+    if not items:
+        raise DataError(f"task.qa.benchmark: no comparative labelled valid in {', '.join(map(str, paths))}")
+    write_jsonl(out_dir / "items.jsonl", items)
+    metrics = qa_eval_stage(cfg, out_dir / "items.jsonl", out_dir, generator, generator_name)
+    metrics["labels"] = [p.name for p in paths]
     return metrics
 
 
@@ -594,6 +624,17 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
         lines += ["", f"Scored by {who}: accuracy {fmt(e['accuracy'])} on {e['n']} items "
                       f"(answers {e['answer_counts']}, constant-guess baseline {fmt(e['majority_baseline'])}, "
                       f"predicted A {fmt(e['predicted_A_share'])})"]
+    b = metrics.get("comparative_qa_benchmark")
+    if b:
+        lo, hi = wilson_interval(round(b["accuracy"] * b["n"]), b["n"])
+        guess = lo <= b["majority_baseline"] <= hi
+        lines += ["", "### ComparativeQA benchmark (§4.1: the labelled comparatives people judged true)", "",
+                  f"{b['model']} on {b['n']} items built from the true rows of {', '.join(b['labels'])}: accuracy "
+                  f"**{fmt(b['accuracy'])}** (95 % interval {lo:.2f}–{hi:.2f}; constant-guess baseline "
+                  f"{fmt(b['majority_baseline'])}, predicted A {fmt(b['predicted_A_share'])}; `qa_benchmark/`)"
+                  + (": **not distinguishable from guessing**." if guess else ".")
+                  + (" The bundled labels judge the packaged Gemma's own comparatives, so for that generator the "
+                     "items are its own wording." if b["labels"] == [SEED_ANNOTATIONS.name] else "")]
     return "\n".join(lines) + "\n"
 
 
