@@ -123,3 +123,19 @@ def test_pass_counts_counts_each_pass_and_names_a_bad_line(tmp_path):
     with pytest.raises(DataError, match=r"d\.jsonl:2: missing field\(s\) pass"):
         pass_counts(tmp_path / "p.jsonl", tmp_path / "g.jsonl", {"dedup": tmp_path / "d.jsonl"},
                     [("have", "typically"), ("need", "often")])
+
+
+def test_a_labels_file_the_benchmark_cannot_read_fails_at_start_naming_its_line(tmp_path):
+    from i2d2.io import DataError
+    from i2d2.recipes.comparatives import check_config
+
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text(json.dumps({"statement": "Compared to rakes, shears are generally sharper.", "label": "True",
+                                  "concept": "rake | shear"}) + "\n")  # no prompt: its entities cannot be split
+    cfg = _cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]")
+    with pytest.raises(DataError, match=r"labels\.jsonl:1: a ComparativeQA benchmark item needs its prompt"):
+        check_config(cfg)
+    check_config(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]",
+                      "task.qa.benchmark=false"))  # without the benchmark the file is the discriminator's business
+    with pytest.raises(Exception, match="task.qa.benchmark"):
+        check_config(_cfg(tmp_path / "run", "task.qa.benchmark=maybe"))

@@ -60,21 +60,22 @@ def export_qa(rows: list[dict], balance: bool = True, seed: int = 0, statement_k
 def benchmark_qa(rows: list[dict], balance: bool = True, seed: int = 0) -> list[dict]:
     """ComparativeQA as the paper built its benchmark (§4.1): one item per comparative a person judged true (the
     ``y == 1`` rows of ``critics.data.load_annotations``), its two entities read from the row's prompt ("Compared
-    to X, Y"), so a multi-word entity is split exactly. A true row without such a prompt is a DataError naming its
-    file:line (``source``)."""
+    to X, Y"), so a multi-word entity is split exactly. A true row without such a prompt, or whose statement does not
+    start with it, is a DataError naming its file:line (``source``)."""
     from i2d2.io import DataError
 
-    true_rows = []
-    for r in rows:
-        if r.get("y") != 1:
-            continue
+    true_rows = [r for r in rows if r.get("y") == 1]
+    swaps = np.zeros(len(true_rows), dtype=bool)
+    if balance:
+        swaps[np.random.default_rng(seed).permutation(len(true_rows))[: len(true_rows) // 2]] = True
+    out = []
+    for r, swap in zip(true_rows, swaps):
         m = PROMPT.match(r.get("prompt") or "")
-        if not m:
-            raise DataError(f"{r.get('source', '?')}: a ComparativeQA benchmark item needs its prompt "
-                            f"'Compared to X, Y' (field 'prompt'), got {r.get('prompt')!r}")
-        true_rows.append({"statement": r["statement"], "plural1": m.group("e1"), "plural2": m.group("e2"),
-                          "prompt": r["prompt"]})
-    try:
-        return export_qa(true_rows, balance=balance, seed=seed)
-    except ValueError as e:  # a statement that does not start with its prompt
-        raise DataError(f"ComparativeQA benchmark: {e}") from None
+        try:
+            if not m:
+                raise ValueError(f"a ComparativeQA benchmark item needs its prompt 'Compared to X, Y' (field "
+                                 f"'prompt'), got {r.get('prompt')!r}")
+            out.append(to_qa(r["statement"], m.group("e1"), m.group("e2"), bool(swap), r["prompt"]))
+        except ValueError as e:
+            raise DataError(f"{r.get('source', '?')}: {e}") from None
+    return out

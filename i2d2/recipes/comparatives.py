@@ -129,6 +129,8 @@ def check_config(cfg) -> None:
                      int(data.wikidata.max_depth))
     except (OSError, ValueError) as e:
         raise ConfigError(f"data.classes: {e}") from None
+    if task.qa.benchmark and task.qa.evaluate.enabled:
+        benchmark_items(cfg)  # a labels file it cannot use fails here, naming file:line, not after the iteration
 
 
 def _check_template(template) -> None:
@@ -490,9 +492,11 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     write_jsonl(it / "comparative_qa.jsonl", qa)
     if task.qa.evaluate.enabled:
         t0 = time.time()
+        # the scoring model by its content: a folder retrained in place is a new input
+        qa_model_key = model_fingerprint(task.qa.evaluate.model) if task.qa.evaluate.model else model_key
         metrics["comparative_qa"] = run_stage(
             # v2: runs before it recorded a statement set's name as the scoring model's
-            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl", _plain(task.qa.evaluate), model_key, cfg.seed,
+            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl", _plain(task.qa.evaluate), qa_model_key, cfg.seed,
                                         "qa-eval-v2"),
             lambda d: qa_eval_stage(cfg, it / "comparative_qa.jsonl", d, (model, tok), name), name="qa_eval")
         metrics["timings_s"]["qa_eval"] = round(time.time() - t0, 1)
@@ -502,11 +506,11 @@ def run_iteration(cfg, k: int, tracker) -> dict:
                                  if isinstance(v, (int, float)) and not isinstance(v, bool)})
         if task.qa.benchmark:  # the same LM on the comparatives people judged true (§4.1), not on its own cut
             t0 = time.time()
-            paths, label_map = annotation_paths(cfg), critic_cfg(cfg).get("label_map")
+            items = benchmark_items(cfg)
             metrics["comparative_qa_benchmark"] = run_stage(
-                it / "qa_benchmark", fingerprint(*paths, label_map, _plain(task.qa.evaluate), model_key, cfg.seed,
-                                                 "qa-benchmark-v1"),
-                lambda d: qa_benchmark_stage(cfg, paths, label_map, d, (model, tok), name), name="qa_benchmark")
+                it / "qa_benchmark", fingerprint(items, _plain(task.qa.evaluate), qa_model_key, cfg.seed,
+                                                 "qa-benchmark-v2"),
+                lambda d: qa_benchmark_stage(cfg, items, d, (model, tok), name), name="qa_benchmark")
             metrics["timings_s"]["qa_benchmark"] = round(time.time() - t0, 1)
             write_json(it / "metrics.json", metrics)
             if tracker is not None:
@@ -550,18 +554,27 @@ def qa_eval_stage(cfg, qa_path: Path, out_dir: Path, generator, generator_name: 
     return metrics
 
 
-def qa_benchmark_stage(cfg, paths: list[Path], label_map, out_dir: Path, generator, generator_name: str) -> dict:
-    """ComparativeQA as the paper's benchmark (§4.1): an item per labelled comparative judged true in the
-    discriminator's annotations (``items.jsonl``), scored like the exported QA (``qa_eval_stage``)."""
+def benchmark_items(cfg) -> list[dict]:
+    """The ComparativeQA benchmark's items (§4.1): the comparatives judged true in the discriminator's annotations,
+    read as the discriminator reads them (its label map, ``on_error``, ``min_agreement``), balanced by the run's seed."""
     from critics.data import load_annotations
     from i2d2.comparatives.qa import benchmark_qa
 
-    items = benchmark_qa(load_annotations(paths, label_map), balance=True, seed=int(cfg.seed))
+    ccfg, paths = critic_cfg(cfg), annotation_paths(cfg)
+    rows = load_annotations(paths, ccfg.get("label_map"), ccfg.get("on_error", "raise"),
+                            float(ccfg.get("min_agreement", 0.5)))
+    items = benchmark_qa(rows, balance=True, seed=int(cfg.seed))
     if not items:
-        raise DataError(f"task.qa.benchmark: no comparative labelled valid in {', '.join(map(str, paths))}")
+        raise DataError(f"task.qa.benchmark: no comparative labelled valid in {', '.join(map(str, paths))} "
+                        "(task.qa.benchmark=false to go without)")
+    return items
+
+
+def qa_benchmark_stage(cfg, items: list[dict], out_dir: Path, generator, generator_name: str) -> dict:
+    """Scores ``benchmark_items`` (written to ``items.jsonl``) like the exported QA (``qa_eval_stage``)."""
     write_jsonl(out_dir / "items.jsonl", items)
     metrics = qa_eval_stage(cfg, out_dir / "items.jsonl", out_dir, generator, generator_name)
-    metrics["labels"] = [p.name for p in paths]
+    metrics["labels"] = [p.name for p in annotation_paths(cfg)]
     return metrics
 
 
@@ -572,7 +585,7 @@ def pass_counts(prompts_path: Path, gen_path: Path, stage_files: dict[str, Path]
     "satisfied" on, where the stage totals would hide it (one whose adverb ranked outside the prune factor lost a
     fifth of a job's prompts). Each file is streamed once."""
     rows: dict[int, dict] = {}
-    for r in read_jsonl(prompts_path):
+    for r in read_jsonl(prompts_path, required=("pass",)):
         i = int(r["pass"])
         name = " ".join(passes[i]) if 0 <= i < len(passes) else f"{r['aux']} {r['adverb']}"
         row = rows.setdefault(i, {"pass": name, "prompts": 0, "generations": 0, "satisfied": 0,
@@ -634,7 +647,8 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
                   f"{fmt(b['majority_baseline'])}, predicted A {fmt(b['predicted_A_share'])}; `qa_benchmark/`)"
                   + (": **not distinguishable from guessing**." if guess else ".")
                   + (" The bundled labels judge the packaged Gemma's own comparatives, so for that generator the "
-                     "items are its own wording." if b["labels"] == [SEED_ANNOTATIONS.name] else "")]
+                     "items are its own wording." if b["labels"] == [SEED_ANNOTATIONS.name] and b["model_is_generator"]
+                     else "")]
     return "\n".join(lines) + "\n"
 
 
