@@ -15,7 +15,7 @@ UNITS = ("word", "token")  # what a perplexity is normalised by (per=)
 
 @torch.no_grad()
 def sequence_nll(model, tokenizer, texts: list[str], batch_size: int = 16, prefixes: list[str] | None = None,
-                 progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                 progress: bool = False, desc: str = "perplexity") -> tuple[np.ndarray, np.ndarray]:
     """Summed negative log-likelihood of each text (of the part after its prefix) and its token count.
 
     The first token is conditioned on BOS where the tokenizer adds one; texts are right-padded here so
@@ -28,7 +28,7 @@ def sequence_nll(model, tokenizer, texts: list[str], batch_size: int = 16, prefi
     tokenizer.padding_side = "right"
     try:
         order = np.argsort([-len(t) for t in texts])  # similar lengths per batch: less padding
-        for start in tqdm(range(0, len(texts), batch_size), desc="perplexity", disable=not progress):
+        for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=not progress):
             idx = order[start:start + batch_size]
             batch = [texts[i] for i in idx]
             enc = tokenizer(batch, return_tensors="pt", padding=True)
