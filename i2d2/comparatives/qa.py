@@ -40,17 +40,23 @@ def to_qa(statement: str, entity1: str | None = None, entity2: str | None = None
     return {"question": question, "options": options, "answer": answer, "text": text, "comparative": statement}
 
 
+def balanced_swaps(n: int, balance: bool, seed: int) -> np.ndarray:
+    """Which of ``n`` items list their answer as option A: a seeded random ``n // 2`` of them with ``balance`` (an LM
+    that always picks one letter then scores 50 %), none without."""
+    swaps = np.zeros(n, dtype=bool)
+    if balance:
+        swaps[np.random.default_rng(seed).permutation(n)[: n // 2]] = True
+    return swaps
+
+
 def export_qa(rows: list[dict], balance: bool = True, seed: int = 0, statement_key: str = "statement") -> list[dict]:
     """QA items for ``rows`` (each with a statement and optionally plural1/plural2).
 
     ``balance`` swaps the options of a seeded random half (exactly ``n // 2`` items) so the answer is A
     as often as B, give or take one; an LM that always picks one letter then scores 50%.
     """
-    swaps = np.zeros(len(rows), dtype=bool)
-    if balance:
-        swaps[np.random.default_rng(seed).permutation(len(rows))[: len(rows) // 2]] = True
     out = []
-    for r, s in zip(rows, swaps):
+    for r, s in zip(rows, balanced_swaps(len(rows), balance, seed)):
         item = to_qa(r[statement_key], r.get("plural1"), r.get("plural2"), bool(s), r.get("prompt"))
         item.update({k: r[k] for k in ("pair_id", "critic_score", "score") if k in r})
         out.append(item)
@@ -65,11 +71,8 @@ def benchmark_qa(rows: list[dict], balance: bool = True, seed: int = 0) -> list[
     from i2d2.io import DataError
 
     true_rows = [r for r in rows if r.get("y") == 1]
-    swaps = np.zeros(len(true_rows), dtype=bool)
-    if balance:
-        swaps[np.random.default_rng(seed).permutation(len(true_rows))[: len(true_rows) // 2]] = True
     out = []
-    for r, swap in zip(true_rows, swaps):
+    for r, swap in zip(true_rows, balanced_swaps(len(true_rows), balance, seed)):
         m = PROMPT.match(r.get("prompt") or "")
         try:
             if not m:
