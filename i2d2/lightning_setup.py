@@ -382,15 +382,18 @@ def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: st
 
 # ----------------------------------------------------------------------------- optimizer
 
-def optimizer_steps(batches_per_epoch: int, epochs: int, trainer_cfg: Mapping, accumulate: int | None = None,
+def optimizer_steps(batches_per_epoch: int, epochs: int, trainer_cfg: Mapping | None, accumulate: int | None = None,
                     max_steps: int = -1) -> int:
-    """Optimizer steps a fit will take (``batches_per_epoch`` on one rank), for a learning-rate schedule.
+    """Optimizer steps a fit will take (``batches_per_epoch`` on one rank), for a learning-rate schedule
+    (``trainer_cfg`` None: ``DEFAULT_TRAINER``, as ``build_trainer`` reads it).
 
     Every module is given this before ``fit`` instead of asking ``trainer.estimated_stepping_batches``: that
     property builds the train loader before a checkpoint is restored, and Lightning then never restores the
     loader's position, so a resumed fit would replay the epoch from its first batch (i2d2/resume.py)."""
     import math
 
+    if trainer_cfg is None:
+        trainer_cfg = DEFAULT_TRAINER
     accum = int(accumulate if accumulate is not None else trainer_cfg.get("accumulate_grad_batches", 1) or 1)
     total = math.ceil(int(batches_per_epoch) / accum) * max(1, int(epochs))
     return max(1, min(total, int(max_steps)) if int(max_steps) > 0 else total)

@@ -139,6 +139,11 @@ def check_model_name(name: str, kind: str = "", where: str = "") -> str:
         # 'iter_0/model' is also a well-formed hub id; offline, transformers' error would name neither it nor the cwd
         raise _unknown(name, kind, f"{src}— no such folder (cwd: {os.getcwd()}), and the hub is offline "
                        "(HF_HUB_OFFLINE) with no copy of it in the hub cache")
+    if name in LEGACY_HUB_IDS and _hub_offline() and not _in_hub_cache(name):
+        # offline, a legacy id ('roberta-large-mnli') the cache lacks would fail only when its stage loads it,
+        # minutes into a run, with transformers' connection error
+        raise _unknown(name, kind, f"{src}— a hub model, but the hub is offline (HF_HUB_OFFLINE) and the hub "
+                       "cache has no copy of it")
     if _HUB_ID.match(name) or name in LEGACY_HUB_IDS or _in_hub_cache(name):
         return name  # a hub id: from_pretrained fetches it where a hub is reachable
     raise _unknown(name, kind, src)

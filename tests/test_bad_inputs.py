@@ -394,6 +394,12 @@ CLI_CASES = [
     ("python -m i2d2.train task.filter.delta=2", ["task.filter.delta=2"], r"task\.filter\.delta: must be null"),
     ("python -m i2d2.train task=negverse task.train.lr=1e-2x", ["task=negverse", "task.train.lr=1e-2x"],
      r"error: config value\(s\) of the wrong type: task\.train\.lr='1e-2x'"),
+    # typed sections: Hydra's own message names the key; the exit code is the start-up one, 2
+    ("python -m i2d2.train decoding.beam_size=abc", ["decoding.beam_size=abc"],
+     r"full_key: decoding\.beam_size"),
+    ("python -m i2d2.train critic=nonexistent", ["critic=nonexistent"], r"Could not find 'critic/nonexistent'"),
+    ("python -m i2d2.train task.max_prompts=abc", ["task.max_prompts=abc"],
+     r"error: config value\(s\) of the wrong type: task\.max_prompts='abc'"),
     ("python -m i2d2.train task=comparatives task.qa.source=nc_small", ["task=comparatives", "task.qa.source=nc_small"],
      r"error: task\.qa\.source: must be one of the cuts"),
     *((f"python -m i2d2.train task={t} trainer=ddp trainer.devices=2",  # one-process recipes: no racing ranks

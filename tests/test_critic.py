@@ -436,3 +436,17 @@ def test_probe_layer_outside_the_lm_is_refused_before_features():
     check_layer(model, [0, n - 1, -1])
     with pytest.raises(ValueError, match=rf"critic\.probe_layer: {n} is not a layer of the probe LM \(0 = embeddings \.\. {n - 1}\)"):
         lm_features(model, tok, ["Dogs bark."], n, progress=False)
+
+
+def test_train_critic_without_a_trainer_config(tmp_path):
+    """``train_critic(cfg, paths, out_dir)`` as the README writes it: a fine-tuned critic then fits with the default
+    trainer (``DEFAULT_TRAINER``), as ``build_trainer`` reads a None config; the schedule's step count used to raise
+    AttributeError on None."""
+    from critics.train import train_critic
+
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(SEED.read_text().splitlines(keepends=True)[:120]))
+    cfg = {"name": "tiny:roberta", "max_epochs": 1, "lr": 1e-3, "patience": 0, "batch_size": 32, "min_examples": 10}
+    res = train_critic(cfg, [small], tmp_path / "critic")
+    assert (tmp_path / "critic" / "model" / "critic_meta.json").is_file()
+    assert res["n_train"] > 0 and res["ap"] is not None

@@ -95,6 +95,30 @@ def test_missing_relative_folder_is_named_not_sent_to_an_offline_hub(tmp_path, m
     assert "model.name" in str(e.value)
 
 
+def test_legacy_hub_id_offline_and_not_cached_fails_at_start_up(monkeypatch):
+    """``task.filters.contradiction.scorer=roberta-large-mnli`` offline passed the start-up check and failed minutes
+    later, at the contradiction stage, with transformers' connection error; with a hub it is accepted as before."""
+    from huggingface_hub import constants
+
+    from i2d2.train import check_start
+
+    from hydra import compose, initialize_config_dir
+
+    from i2d2.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["task=comparatives", "logger=none",
+                                          "task.filters.contradiction.scorer=roberta-large-mnli"])
+    monkeypatch.setattr(models, "_in_hub_cache", lambda name: False)  # whatever this machine's cache holds
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(UnknownModelError) as e:
+        check_start(cfg)
+    assert "'roberta-large-mnli'" in str(e.value) and "task.filters.contradiction.scorer" in str(e.value)
+    assert "offline" in str(e.value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    check_start(cfg)
+
+
 @pytest.mark.parametrize("what", ["empty folder", "run folder", "file"])
 def test_local_path_that_is_not_a_saved_model_is_named(tmp_path, what):
     """An existing path that save_pretrained did not write (the iteration folder instead of its model/, a weights
