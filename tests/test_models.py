@@ -104,7 +104,11 @@ def test_hub_ids_go_to_from_pretrained(monkeypatch):
         seen.append(name)
         raise OSError("no hub here")
 
+    from huggingface_hub import constants
+
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a user with a hub (offline and uncached it is refused
+    # at start-up: tests/test_models_audit.py)
     with pytest.raises(OSError):
         models.load_causal_lm("gpt2-xl")
     assert seen == ["gpt2-xl"]
