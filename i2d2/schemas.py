@@ -185,6 +185,12 @@ class CriticConfig:
         for k in ("batch_size", "eval_batch_size", "perplexity_batch_size", "max_length", "max_epochs", "min_examples"):
             if not is_count(getattr(self, k)):
                 raise ValueError(f"critic.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
+        # both failed only mid-run, the first after the stage had removed its finished output: monitored with
+        # mode=max, so only the dev metrics that rise as the critic improves
+        if self.monitor not in ("val/p_at_r", "val/ap"):
+            raise ValueError(f"critic.monitor: must be val/p_at_r or val/ap, got {self.monitor!r}")
+        if self.perplexity_per not in ("word", "token"):
+            raise ValueError(f"critic.perplexity_per: must be word or token, got {self.perplexity_per!r}")
     perplexity_batch_size: int = 16
     perplexity_per: str = "word"  # the baseline ranker's perplexity unit (word | token)
     # raw label (normalised: lower case, punctuation -> _) -> 1 valid, 0 invalid, None dropped, over

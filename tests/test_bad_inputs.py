@@ -394,6 +394,9 @@ CLI_CASES = [
     ("python -m i2d2.train task.filter.delta=2", ["task.filter.delta=2"], r"task\.filter\.delta: must be null"),
     ("python -m i2d2.train task=negverse task.train.lr=1e-2x", ["task=negverse", "task.train.lr=1e-2x"],
      r"error: config value\(s\) of the wrong type: task\.train\.lr='1e-2x'"),
+    ("python -m i2d2.train critic.monitor=val/foo", ["critic.monitor=val/foo"], r"critic\.monitor: must be"),
+    ("python -m i2d2.train critic.perplexity_per=wrd", ["critic.perplexity_per=wrd"],
+     r"critic\.perplexity_per: must be word or token"),
     # typed sections: Hydra's own message names the key; the exit code is the start-up one, 2
     ("python -m i2d2.train decoding.beam_size=abc", ["decoding.beam_size=abc"],
      r"full_key: decoding\.beam_size"),
