@@ -10,7 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 
-UNITS = ("word", "token")  # what a perplexity is normalised by (per=)
+from i2d2.schemas import PERPLEXITY_UNITS as UNITS  # what a perplexity is normalised by (per=)
 
 
 @torch.no_grad()

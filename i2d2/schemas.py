@@ -27,6 +27,8 @@ def _sentence_ends() -> list[str]:
     return [".", "!", "?", "\n"]
 
 
+PERPLEXITY_UNITS = ("word", "token")  # what a perplexity is normalised by (i2d2.perplexity per=)
+
 @dataclass
 class DecodingConfig:
     """NeuroLogic decoding (I2D2 A.1.4 values). ``num_return`` may exceed ``beam_size``: hypotheses ended by
@@ -189,8 +191,8 @@ class CriticConfig:
         # mode=max, so only the dev metrics that rise as the critic improves
         if self.monitor not in ("val/p_at_r", "val/ap"):
             raise ValueError(f"critic.monitor: must be val/p_at_r or val/ap, got {self.monitor!r}")
-        if self.perplexity_per not in ("word", "token"):
-            raise ValueError(f"critic.perplexity_per: must be word or token, got {self.perplexity_per!r}")
+        if self.perplexity_per not in PERPLEXITY_UNITS:
+            raise ValueError(f"critic.perplexity_per: must be {' or '.join(PERPLEXITY_UNITS)}, got {self.perplexity_per!r}")
     perplexity_batch_size: int = 16
     perplexity_per: str = "word"  # the baseline ranker's perplexity unit (word | token)
     # raw label (normalised: lower case, punctuation -> _) -> 1 valid, 0 invalid, None dropped, over
