@@ -189,7 +189,13 @@ def _scores_rows(idx, texts, concepts, rows, ys, scores, ppl=None) -> list[dict]
 def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport | None = None):
     """The critic's labelled data as it trains on it (``cfg``: ``critic_config``): rows of ``paths`` (unfinished
     statements left out under ``complete_only``), the texts the critic reads (canonicalised under ``canonicalize``),
-    labels, the (train, dev, test) indices grouped by concept, and how many unfinished rows were left out."""
+    labels, the (train, dev, test) indices grouped by concept, and how many unfinished rows were left out.
+    No file, or fewer than ``min_examples`` usable rows, is refused here, before the split (an empty file was a
+    misleading "need at least 2 concept groups")."""
+    if not paths:
+        raise ValueError("no annotation files: critic.seed_annotations is empty and the run has no labels store "
+                         "(name at least one, e.g. the bundled generics_gemma.jsonl)")
+    report = report if report is not None else LoadReport()
     rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report)
     n_unfinished = 0
     if cfg["complete_only"]:  # the loop drops unfinished generations before the critic (task.filter.require_sentence_end)
@@ -207,6 +213,10 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
         if report is not None:
             report.duplicates += len(rows) - len(newest)
         rows, texts = [rows[i] for i in newest], [texts[i] for i in newest]
+    if len(rows) < int(cfg["min_examples"]):
+        raise ValueError(f"only {len(rows)} usable annotated statements in {[str(p) for p in paths]} (need >= "
+                         f"critic.min_examples = {cfg['min_examples']}); {report.summary()}"
+                         + (f"; {n_unfinished} unfinished left out (critic.complete_only)" if n_unfinished else ""))
     ys = np.array([r["y"] for r in rows])
     splits = grouped_split3([r["concept"] for r in rows], ys, float(cfg["dev_fraction"]), float(cfg["test_fraction"]),
                             int(cfg["seed"]))
@@ -234,16 +244,10 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = out_dir / "model"
     paths = [Path(p) for p in annotation_paths]
-    if not paths:
-        raise ValueError("train_critic needs at least one annotation file (e.g. the bundled generics_gemma.jsonl)")
-
     report = LoadReport()
     rows, texts, ys, (train_idx, dev_idx, test_idx), n_unfinished = labelled_splits(cfg, paths, report)
     if report.errors:
         write_jsonl(out_dir / "annotation_errors.jsonl", [{"error": e} for e in report.errors])
-    if len(rows) < int(cfg["min_examples"]):
-        raise ValueError(f"only {len(rows)} usable annotated statements in {[str(p) for p in paths]} "
-                         f"(need >= {cfg['min_examples']}); {report.summary()}")
     concepts = [r["concept"] for r in rows]
     split_concepts = {name: sorted({concepts[i] for i in idx})
                       for name, idx in (("train", train_idx), ("dev", dev_idx), ("test", test_idx))}

@@ -135,7 +135,9 @@ def test_a_labels_file_the_benchmark_cannot_read_fails_at_start_naming_its_line(
     cfg = _cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]")
     with pytest.raises(DataError, match=r"labels\.jsonl:1: a ComparativeQA benchmark item needs its prompt"):
         check_config(cfg)
-    check_config(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]",
-                      "task.qa.benchmark=false"))  # without the benchmark the file is the discriminator's business
+    # without the benchmark the file is the discriminator's business: one row is too few to train it on
+    with pytest.raises(Exception, match=r"task\.filters\.discriminator\.annotations: only 1 usable"):
+        check_config(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]",
+                          "task.qa.benchmark=false"))
     with pytest.raises(Exception, match="task.qa.benchmark"):
         check_config(_cfg(tmp_path / "run", "task.qa.benchmark=maybe"))

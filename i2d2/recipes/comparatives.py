@@ -105,7 +105,7 @@ def check_config(cfg) -> None:
         raise ConfigError(f"task.qa.evaluate: {e}") from None
     try:  # the discriminator's critic (the shared config with the task's overrides), the contradiction
         # cross-encoder and the decoding settings
-        fill(CriticConfig, critic_cfg(cfg), where="critic")
+        ccfg = fill(CriticConfig, critic_cfg(cfg), where="critic")
         fill(CrossEncoderConfig, task.filters.contradiction.cross_encoder, where="task.filters.contradiction.cross_encoder")
         DecodingConfig(**_plain(cfg.decoding))
     except (TypeError, ValueError) as e:
@@ -124,13 +124,73 @@ def check_config(cfg) -> None:
     for key in ("contradiction_threshold", "entailment_threshold"):  # probabilities: above 1 flags nothing, silently
         need(is_num(con[key]) and 0 <= con[key] <= 1, f"task.filters.contradiction.{key}",
              f"must be a probability in [0, 1], got {con[key]!r}")
-    try:  # the entity classes: a missing, empty or malformed file named with its line now, not after the LM loads
-        load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
-                     int(data.wikidata.max_depth))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"data.classes: {e}") from None
+    _check_prompt_inputs(cfg)
     if task.qa.benchmark and task.qa.evaluate.enabled:
         benchmark_items(cfg)  # a labels file it cannot use fails here, naming file:line, not after the iteration
+    if disc.enabled:  # the discriminator's labels, read and split as its stage will (after generation and the
+        # filters): a missing, broken or too small file fails here, naming file:line
+        from critics.train import labelled_splits
+
+        try:
+            labelled_splits(ccfg, annotation_paths(cfg))
+        except (ValueError, OSError) as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith("task.") else f"task.filters.discriminator.annotations: {msg}") from None
+
+
+def _check_prompt_inputs(cfg) -> None:
+    """What the prompts stage reads, read now (seconds): the entity classes and pairs, the entity and perplexity
+    filters' settings, the word lists and each pass's constraints. Each failed only after the LM had loaded, or
+    once generation had started, and some with the generated prompts.jsonl named instead of the key."""
+    from i2d2.comparatives.prompts import DEFAULT_ORDER, constraint_set
+    from i2d2.config import is_num, need
+    from i2d2.decoding import ConstraintError
+    from i2d2.decoding.constraints import validate
+    from i2d2.schemas import PERPLEXITY_UNITS
+
+    data, task = cfg.data, cfg.task
+    per = data.prompt_filter.per
+    need(per in PERPLEXITY_UNITS, "data.prompt_filter.per", f"must be {' or '.join(PERPLEXITY_UNITS)}, got {per!r}")
+    ef = data.entity_filter
+    corpus = ef.enabled and ef.source != "wordfreq"
+    if ef.enabled:
+        for key in ("min_count", "corpus_words"):
+            need(is_num(ef[key]) and ef[key] > 0, f"data.entity_filter.{key}", f"must be a number > 0, got {ef[key]!r}")
+        need(not corpus or Path(str(ef.source)).expanduser().is_file(), "data.entity_filter.source",
+             f"must be wordfreq or a text file, one document a line; {ef.source!r} is neither")
+    if not corpus:  # a corpus is counted once, in the run (it may be large); wordfreq takes a fraction of a second
+        try:  # a missing, empty or malformed classes file named with its line, or a filter that leaves no pair
+            entity_pairs(cfg)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"data.classes: {e}") from None
+    else:
+        try:
+            load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
+                         int(data.wikidata.max_depth))
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"data.classes: {e}") from None
+    try:
+        wl = load_wordlists(task.wordlists)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"task.wordlists: {e}") from None
+    c = task.constraints
+    order = _plain(c.order) or {}
+    need(isinstance(order, dict) and set(order) <= set(DEFAULT_ORDER), "task.constraints.order",
+         f"must map some of {sorted(DEFAULT_ORDER)} to satisfaction positions, got {order!r}")
+    negatives = _plain(c.negatives)
+    need(negatives is None or isinstance(negatives, list), "task.constraints.negatives",
+         f"must be null (all) or a list of negative sets of {task.wordlists}, got {negatives!r}")
+    checked: set = set()
+    for aux, adverb in select_passes(wl, task.max_passes):
+        for countable in (True, False):  # the aux verb agrees with entity2 (wl.agree): both forms are prompted
+            try:
+                validate(constraint_set(wl.agree(aux, countable), adverb, wl, int(c.top_k), order, negatives),
+                         checked=checked)
+            except (ConstraintError, ValueError) as e:
+                raise ConfigError(f"task.constraints: {e} (pass {aux!r} {adverb!r})") from None
+    keys = _plain(task.filters.groups["keys"])
+    need(isinstance(keys, list) and bool(keys) and set(keys) <= set(DEFAULT_ORDER), "task.filters.groups.keys",
+         f"must be a non-empty list of {sorted(DEFAULT_ORDER)} (the matched clauses a group shares), got {keys!r}")
 
 
 def _check_template(template) -> None:
@@ -154,12 +214,10 @@ def _check_template(template) -> None:
 
 # ----------------------------------------------------------------------------- stages
 
-def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
-    """Pairs, perplexity filter and (pair, pass) prompt rows into ``out_dir``."""
-    from i2d2.perplexity import perplexity
-
-    data, task = cfg.data, cfg.task
-    wl = load_wordlists(task.wordlists)
+def entity_pairs(cfg):
+    """The entity classes (§2.1.1), their obscure entities out (§2.1.3, ``data.entity_filter``) and the pairs to
+    prompt with: (classes, entities loaded, the frequency record or None, pairs). No pair is an error."""
+    data = cfg.data
     classes = load_classes(data.classes, data.format, int(data.min_entities),
                            list(data.wikidata.roots), int(data.wikidata.max_depth))
     n_entities_loaded = sum(len(v) for v in classes.values())
@@ -168,10 +226,24 @@ def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
         ef = data.entity_filter
         classes, freq = filter_obscure(classes, FrequencyFilter(str(ef.source), float(ef.min_count),
                                                                 float(ef.corpus_words), int(data.min_entities)))
-        write_json(out_dir / "entity_frequency.json", freq)
     pairs = make_pairs(classes, data.template, bool(data.both_orders), data.max_pairs_per_class, int(cfg.seed))
     if pairs.empty:
-        raise DataError(f"{data.classes or BUNDLED}: no entity pairs (need classes with >= 2 entities)")
+        left = "" if freq is None else (f"; {n_entities_loaded} entities loaded, "
+                                        f"{sum(len(v) for v in classes.values())} left after data.entity_filter "
+                                        f"(min_count {data.entity_filter.min_count})")
+        raise DataError(f"{data.classes or BUNDLED}: no entity pairs (need classes with >= 2 distinct entities{left})")
+    return classes, n_entities_loaded, freq, pairs
+
+
+def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
+    """Pairs, perplexity filter and (pair, pass) prompt rows into ``out_dir``."""
+    from i2d2.perplexity import perplexity
+
+    data, task = cfg.data, cfg.task
+    wl = load_wordlists(task.wordlists)
+    classes, n_entities_loaded, freq, pairs = entity_pairs(cfg)
+    if freq is not None:
+        write_json(out_dir / "entity_frequency.json", freq)
     pf = data.prompt_filter
     t0 = time.time()
     ppl = perplexity(model, tok, pairs["prompt"].tolist(), batch_size=int(pf.batch_size), per=pf.per, progress=True)

@@ -140,19 +140,20 @@ def check_config(cfg: DictConfig) -> None:
         critic = fill(CriticConfig, cfg.critic, where="critic")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if critic["kind"] == "probe" and critic["probe_context"]["examples"]:
-        # the critic stage runs after generation: its few-shot context is drawn here first (a fraction of a
-        # second), so labelled data without enough candidates fails now, not hours in
-        from critics.probe import probe_context
-        from critics.train import labelled_splits
-        from i2d2.annotation import critic_annotation_paths
+    # the critic stage runs after generation: its labelled data are read and split here first (a fraction of a
+    # second), so a missing, broken or too small file fails now, naming its line, not after generation; so does a
+    # probe's few-shot context without enough candidates
+    from critics.probe import probe_context
+    from critics.train import labelled_splits
+    from i2d2.annotation import critic_annotation_paths
 
-        try:
-            paths = critic_annotation_paths(list(critic["seed_annotations"]), cfg.run_dir)
-            rows, texts, _, (train_idx, _, _), _ = labelled_splits(critic, paths)
+    try:
+        paths = critic_annotation_paths(list(critic["seed_annotations"]), cfg.run_dir)
+        rows, texts, _, (train_idx, _, _), _ = labelled_splits(critic, paths)
+        if critic["kind"] == "probe" and critic["probe_context"]["examples"]:
             probe_context(critic, rows, texts, train_idx)
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"{e} (critic.seed_annotations and the run's labels store)") from None
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"critic.seed_annotations: {e} (read with the run's labels store)") from None
     # types and key names: i2d2/schemas.py (checked at composition); here the ranges
     ft = t.finetune
     need(ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.lr!r}")

@@ -1,0 +1,87 @@
+"""Inputs the loop reads only after generation (or after the LM loads), read at start-up now: each bad one is
+refused by the recipe's check_config, naming its key (and file:line), before anything loads or is overwritten."""
+
+import pytest
+
+from i2d2.config import CONF_DIR, ConfigError
+
+
+def _cfg(tmp_path, *overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=["logger=none", f"run_dir={tmp_path}/run", *overrides])
+
+
+@pytest.fixture
+def labels(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "broken.jsonl").write_text('{"statement": "Dogs bark."\n')
+    return tmp_path
+
+
+GENERICS = [  # critic.seed_annotations: read by the critic stage, after generation
+    ("critic.seed_annotations=[{t}/missing.jsonl]", r"critic\.seed_annotations: annotation file '.*missing\.jsonl' not found"),
+    ("critic.seed_annotations=[{t}/empty.jsonl]", r"critic\.seed_annotations: only 0 usable annotated statements .*"
+                                                  r"critic\.min_examples = 20"),
+    ("critic.seed_annotations=[{t}/broken.jsonl]", r"critic\.seed_annotations: .*broken\.jsonl:1: broken row"),
+    ("critic.seed_annotations=[]", r"critic\.seed_annotations: no annotation files"),
+]
+
+
+@pytest.mark.parametrize("override,pattern", GENERICS, ids=[g[0].split("=", 1)[1] for g in GENERICS])
+def test_generics_critic_labels_are_read_at_start_up(labels, override, pattern):
+    from i2d2.recipes.generics import check_config
+
+    for kind in ("probe", "finetune"):  # the probe read them for its few-shot context only; a fine-tuned critic never
+        with pytest.raises(ConfigError, match=pattern):
+            check_config(_cfg(labels, f"critic.kind={kind}", override.format(t=labels)))
+
+
+def test_generics_default_labels_pass(tmp_path):
+    from i2d2.recipes.generics import check_config
+
+    check_config(_cfg(tmp_path))
+
+
+NC = [
+    ("task.filters.discriminator.annotations=[{t}/empty.jsonl]",
+     r"task\.filters\.discriminator\.annotations: only 0 usable annotated statements"),
+    ("task.filters.discriminator.annotations=[{t}/broken.jsonl]",
+     r"task\.filters\.discriminator\.annotations: .*broken\.jsonl:1: broken row"),
+    ("task.filters.discriminator.annotations=[{t}/missing.jsonl]",
+     r"^task\.filters\.discriminator\.annotations: .*missing\.jsonl not found"),
+    # failed with a KeyError in the groups filter after generation and dedup, having removed filtered/groups/ first
+    ("task.filters.groups.keys=[aux,bogus]", r"task\.filters\.groups\.keys: must be a non-empty list of"),
+    ("data.prompt_filter.per=char", r"data\.prompt_filter\.per: must be word or token, got 'char'"),
+    ("data.entity_filter.min_count=-5", r"data\.entity_filter\.min_count: must be a number > 0, got -5"),
+    ("data.entity_filter.source={t}/missing.txt", r"data\.entity_filter\.source: must be wordfreq or a text file"),
+    ("data.entity_filter.min_count=1e12", r"no entity pairs .*473 entities loaded, 0 left after data\.entity_filter"),
+    ("task.constraints.negatives=[bogus]", r"task\.constraints: unknown negative set\(s\) \['bogus'\]"),
+    ("task.wordlists={t}/missing.yaml", r"task\.wordlists: comparatives word lists not found"),
+    # named the generated prompts.jsonl, at generation, not the key
+    ("task.constraints.order.aux=[0]", r"task\.constraints: aux: positions must be a non-empty list of ints"),
+    ("+task.constraints.order.bogus=[1]", r"task\.constraints\.order: must map some of"),
+]
+
+
+@pytest.mark.parametrize("override,pattern", NC, ids=[n[0] for n in NC])
+def test_comparatives_inputs_are_read_at_start_up(labels, override, pattern):
+    from i2d2.recipes.comparatives import check_config
+
+    # the benchmark reads the discriminator's labels too, first (test_comparatives_recipe.py): here the discriminator
+    cfg = _cfg(labels, "task=comparatives", "task.qa.benchmark=false", override.format(t=labels))
+    with pytest.raises(ConfigError, match=pattern):
+        check_config(cfg)
+
+
+def test_comparatives_discriminator_labels_are_read_without_the_benchmark(labels):
+    # they were read at start-up only when task.qa.benchmark and task.qa.evaluate were both on
+    from i2d2.recipes.comparatives import check_config
+
+    cfg = _cfg(labels, "task=comparatives", "task.qa.benchmark=false",
+               f"task.filters.discriminator.annotations=[{labels}/empty.jsonl]")
+    with pytest.raises(ConfigError, match="only 0 usable"):
+        check_config(cfg)
+    check_config(_cfg(labels, "task=comparatives", "task.qa.benchmark=false", "task.filters.discriminator.enabled=false",
+                      f"task.filters.discriminator.annotations=[{labels}/empty.jsonl]"))
