@@ -56,6 +56,12 @@ def resolve_model(cfg) -> tuple[str, int | None]:
     if not (path / "config.json").exists():
         raise GenerateError(f"generate.iteration={k}: {path} does not exist (finished iterations in {run_dir}: "
                             f"{have or 'none'})")
+    from i2d2.io import DataError, verify_recorded
+
+    try:  # as its fine-tuning stage recorded it: a truncated safetensors failed in transformers, naming no file
+        verify_recorded(path, path.parent / "finetune")
+    except DataError as e:
+        raise GenerateError(f"generate.iteration={k}: {e}") from None
     return str(path), k
 
 

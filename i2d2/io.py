@@ -367,6 +367,29 @@ def _changed_outputs(out_dir: Path, recorded: dict) -> list[tuple[str, str]]:
     return changed
 
 
+def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> bool:
+    """Check the files under ``folder`` against the size + SHA-256 that the stage in ``stage_dir`` recorded when it
+    finished (``mark_done``), before another stage or command loads them (an iteration's model, an adapter); raise
+    DataError naming the first damaged file. False when ``stage_dir`` has no marker (a folder put there by hand)."""
+    folder, stage_dir = Path(folder), Path(stage_dir)
+    marker = stage_dir / DONE
+    try:
+        info = json.loads(marker.read_text())
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        raise DataError(f"{marker} is damaged (not JSON): {folder} cannot be checked against it") from None
+    root = folder.resolve()
+    mine = {rel: want for rel, want in (info.get("outputs") or {}).items()
+            if (stage_dir / rel).resolve().is_relative_to(root)}
+    damaged = _changed_outputs(stage_dir, mine)
+    if damaged:
+        rel, why = damaged[0]
+        raise DataError(f"{os.path.normpath(stage_dir / rel)} is damaged ({why}; recorded in {marker} when the "
+                        f"stage finished){f' and {len(damaged) - 1} more file(s)' if len(damaged) > 1 else ''}")
+    return True
+
+
 def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None,
               outside: Iterable[str | os.PathLike] = ()) -> None:
     """The _DONE marker: fingerprint, summary, and size + SHA-256 of every file the stage wrote (checked by

@@ -190,8 +190,15 @@ def load_causal_lm(name: str, *, cache: str | None = None, dtype=None):
         return model, tok
     else:
         path = _hub_or_local(name, "causal LM")
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except Exception as e:  # a damaged local folder (truncated weights): transformers' message names no file
+        if not Path(path).is_dir():
+            raise
+        from i2d2.io import DataError
+
+        raise DataError(f"cannot load the causal LM in {path}: {type(e).__name__}: {e}") from e
     return model, _prepare_tokenizer(tok, model)
 
 

@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from i2d2.io import write_jsonl
+    from i2d2.io import DataError, write_jsonl
     from i2d2.models import load_spacy
     from i2d2.negverse.cues import CueDetector
     from i2d2.negverse.metrics import negation_metrics
@@ -145,8 +145,12 @@ def main(argv=None) -> int:
     if defaulted:
         print(f"warning: {args.adapter}/negverse.json has no saved {', '.join(defaulted)}; using the built-in "
               f"defaults", file=sys.stderr)
+    try:  # the adapter first: a missing or damaged one is refused before spaCy loads
+        lm = NegVerseLM.load(args.adapter, base_name=args.base)
+    except (DataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     nlp = load_spacy(args.spacy)
-    lm = NegVerseLM.load(args.adapter, base_name=args.base)
     detector = CueDetector(nlp, lexicon=args.lexicon)
     kept, dropped, stats = negate(lm, nlp, detector, sentences, **opts)
     for s in sentences:

@@ -208,6 +208,7 @@ class NegVerseLM(nn.Module):
         from peft.utils import load_peft_weights
         from safetensors.torch import load_file
 
+        from i2d2.io import verify_recorded
         from i2d2.models import load_causal_lm
 
         adapter_dir = Path(adapter_dir)
@@ -215,6 +216,7 @@ class NegVerseLM(nn.Module):
         if not meta_path.exists():
             raise FileNotFoundError(f"{adapter_dir} is not a NegVerse adapter (no negverse.json); "
                                     f"train one with `python -m i2d2.train task=negverse`")
+        verify_recorded(adapter_dir, adapter_dir.parent)  # as the train stage wrote it (a copy elsewhere: unchecked)
         meta = json.loads(meta_path.read_text())
         base, tok = load_causal_lm(base_name or meta["base_model"], cache=cache)
         m = cls(base, tok, num_virtual_tokens=meta["num_virtual_tokens"], init_text=None)

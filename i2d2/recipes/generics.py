@@ -46,8 +46,8 @@ from omegaconf import DictConfig, OmegaConf
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
-from i2d2.io import DONE, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_json, read_jsonl, \
-    read_table, run_relative, run_stage, stage_done, write_json, write_jsonl, write_text
+from i2d2.io import DONE, DataError, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_json, \
+    read_jsonl, read_table, run_relative, run_stage, stage_done, verify_recorded, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,12 @@ def generator_name(cfg: DictConfig, k: int) -> str:
             f"iteration={k} starts from iteration {k - 1}'s model, but {prev} does not exist "
             f"(run_dir={cfg.run_dir}; finished iterations there: {have or 'none'}). "
             f"Run `python -m i2d2.train iteration={k - 1}` first with the same run_dir, or set iteration/run_dir.")
+    try:  # its files as the fine-tuning stage recorded them: a truncated safetensors failed in transformers, unnamed
+        verify_recorded(prev, prev.parent / "finetune")
+    except DataError as e:
+        raise MissingIterationError(f"iteration={k} starts from iteration {k - 1}'s model: {e}. Run "
+                                    f"`python -m i2d2.train iteration={k - 1}` again with the same run_dir "
+                                    "(its fine-tuning is redone)") from None
     return str(prev)
 
 

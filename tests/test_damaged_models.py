@@ -1,0 +1,86 @@
+"""An earlier stage's model or adapter, damaged after its stage finished (a truncated copy, a full disk), is refused
+naming the damaged file before anything loads it; transformers' own error named no file."""
+
+import pytest
+
+from i2d2.io import DataError, mark_done
+
+
+def _finished_iteration(run_dir, k=0):
+    """iter_k/model as the fine-tuning stage leaves it: the files, recorded in iter_k/finetune/_DONE.json."""
+    from i2d2.models import tiny_model
+
+    model, tok = tiny_model("gpt2")
+    model_dir = run_dir / f"iter_{k}" / "model"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    (run_dir / f"iter_{k}" / "finetune").mkdir(parents=True)
+    mark_done(run_dir / f"iter_{k}" / "finetune", "fp", {}, outside=[model_dir])
+    return model_dir
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def test_verify_recorded_names_the_damaged_file(tmp_path):
+    from i2d2.io import verify_recorded
+
+    model_dir = _finished_iteration(tmp_path)
+    assert verify_recorded(model_dir, model_dir.parent / "finetune") is True
+    assert verify_recorded(tmp_path / "elsewhere", tmp_path / "elsewhere") is False  # no marker: a folder put by hand
+    _truncate(model_dir / "model.safetensors")
+    with pytest.raises(DataError, match=r"iter_0/model/model\.safetensors is damaged \(100 bytes, \d+ recorded"):
+        verify_recorded(model_dir, model_dir.parent / "finetune")
+
+
+def test_next_iteration_refuses_a_damaged_model_at_start_up(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from i2d2.config import CONF_DIR
+    from i2d2.recipes.generics import MissingIterationError, generator_name
+
+    model_dir = _finished_iteration(tmp_path)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=tiny_gpt2", f"run_dir={tmp_path}", "iteration=1"])
+    assert generator_name(cfg, 1) == str(model_dir)
+    _truncate(model_dir / "model.safetensors")
+    with pytest.raises(MissingIterationError, match=r"iteration 0's model: .*model\.safetensors is damaged.*"
+                                                    r"iteration=0` again"):
+        generator_name(cfg, 1)
+
+
+def test_generate_refuses_a_damaged_iteration_model(tmp_path):
+    from omegaconf import OmegaConf
+
+    from i2d2.generate import GenerateError, resolve_model
+
+    model_dir = _finished_iteration(tmp_path)
+    cfg = OmegaConf.create({"run_dir": str(tmp_path), "model": {"name": "tiny:gpt2"},
+                            "generate": {"model": None, "iteration": -1}})
+    assert resolve_model(cfg) == (str(model_dir), 0)
+    (model_dir / "config.json").write_text((model_dir / "config.json").read_text() + " ")
+    with pytest.raises(GenerateError, match=r"generate\.iteration=0: .*config\.json is damaged"):
+        resolve_model(cfg)
+
+
+def test_loading_a_damaged_folder_names_it(tmp_path):
+    from i2d2.models import load_causal_lm
+
+    model_dir = _finished_iteration(tmp_path)
+    _truncate(model_dir / "model.safetensors")
+    with pytest.raises(DataError, match=rf"cannot load the causal LM in {model_dir}"):
+        load_causal_lm(str(model_dir))
+
+
+def test_a_damaged_negverse_adapter_is_refused_before_the_base_model_loads(tmp_path):
+    from i2d2.negverse.model import NegVerseLM
+
+    adapter = tmp_path / "train" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "negverse.json").write_text('{"base_model": "nonexistent"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
+    mark_done(tmp_path / "train", "fp", {})
+    _truncate(adapter / "adapter_model.safetensors")
+    with pytest.raises(DataError, match=r"train/adapter/adapter_model\.safetensors is damaged"):
+        NegVerseLM.load(adapter)
