@@ -135,9 +135,15 @@ def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_conc
     return out
 
 
-def _read_labelled(path: Path) -> list[tuple[int, dict]]:
+def _read_labelled(path: Path, required=("statement", "concept"), one_of=("label", "votes")) -> list[tuple[int, dict]]:
+    """The rows of a labelled export (a CSV's header holds the ``required`` columns and one of ``one_of``). A CSV
+    without a label or votes column (a file of statements, not of labels) and a file with no row at all were
+    imported as 0 labels, exit code 0."""
     if path.suffix.lower() == ".csv":
-        return [(r.pop("_line"), r) for r in read_csv(path, required=("statement", "concept"))]
+        out = [(r.pop("_line"), r) for r in read_csv(path, required=required, one_of=one_of)]
+        if not out:
+            raise DataError(f"{path}: no rows below the header")
+        return out
     out = []
     with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
@@ -149,6 +155,8 @@ def _read_labelled(path: Path) -> list[tuple[int, dict]]:
                 except ValueError as e:
                     raise DataError(f"{path}:{lineno}: broken row ({e})") from None
                 out.append((lineno, row))
+    if not out:
+        raise DataError(f"{path}: no rows (an empty file)")
     return out
 
 
@@ -316,8 +324,7 @@ def import_blind(path: str | Path, run_dir: str | Path, on_error: str = "raise",
         raise FileNotFoundError(f"{key_path} not found: export with `annotate export --blind --run-dir {run_dir}` first")
     key = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)}
     path = Path(path)
-    raw = [(r.pop("_line"), r) for r in read_csv(path, required=("item_id", "label"))] \
-        if path.suffix.lower() == ".csv" else _read_labelled(path)
+    raw = _read_labelled(path, required=("item_id", "label"), one_of=())
     rows, unknown = [], []
     for lineno, row in raw:
         item = key.get(str(row.get("item_id", "")).strip())

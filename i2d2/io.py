@@ -239,13 +239,19 @@ def read_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: 
     return list(stream_jsonl(path, required, on_error, errors))
 
 
-def read_csv(path: str | os.PathLike, required: Iterable[str] = ()) -> list[dict]:
+def read_csv(path: str | os.PathLike, required: Iterable[str] = (), one_of: Iterable[str] = ()) -> list[dict]:
+    """Rows as dicts with the line each starts on (``_line``); the header must hold every ``required`` column and,
+    if ``one_of`` is given, at least one of those."""
     path = Path(path)
     reader = csv.reader(text_lines(path))
     header = next((rec for rec in reader if rec), [])  # as csv.DictReader: the first non-blank row
     missing = [k for k in required if k not in header]
     if missing:
         raise DataError(f"{path}:{reader.line_num or 1}: header lacks column(s) {', '.join(missing)}")
+    one_of = list(one_of)
+    if one_of and not set(one_of) & set(header):
+        raise DataError(f"{path}:{reader.line_num or 1}: header needs a column {' or '.join(one_of)}, has "
+                        f"{', '.join(header) or 'none'}")
     # rows as csv.DictReader makes them, with the line each starts on: counting rows named the wrong line after a
     # blank line (skipped) or a quoted field holding a newline
     rows, start = [], reader.line_num + 1

@@ -184,3 +184,29 @@ def test_concurrent_imports_into_one_store_keep_both_annotators_labels(tmp_path)
     worker.join(10)
     assert done.is_set()
     assert sorted(r["statement"] for r in read_jsonl(store)) == ["Birds can fly.", "Cats can bark.", "Fish can swim."]
+
+
+@pytest.mark.parametrize("name,text,pattern", [
+    # a file of statements, not of labels: was imported as 0 labelled statements, exit code 0
+    ("nolabel.csv", "statement,concept\nDogs bark.,dog\n", r"nolabel\.csv:1: header needs a column label or votes"),
+    ("header.csv", "statement,concept,label\n", r"header\.csv: no rows below the header"),
+    ("empty.jsonl", "", r"empty\.jsonl: no rows \(an empty file\)"),
+])
+def test_an_import_without_labels_is_an_error(tmp_path, name, text, pattern):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DataError, match=pattern):
+        import_annotations(tmp_path / name, tmp_path / "store.jsonl")
+    assert not (tmp_path / "store.jsonl").exists()
+    import_annotations(_write(tmp_path / "votes.csv", "statement,concept,votes\nDogs bark.,dog,true|true\n"))
+
+
+def test_a_blind_import_without_rows_is_an_error(tmp_path):
+    run = _fake_run(tmp_path / "run")
+    _ids(run, tmp_path)
+    with pytest.raises(DataError, match=r"h\.csv: no rows below the header"):
+        import_blind(_write(tmp_path / "h.csv", "item_id,statement,label\n"), run)
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
