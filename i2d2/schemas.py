@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
@@ -221,9 +222,21 @@ class CrossEncoderConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if not is_count(self.batch_size):  # named where conf/task/comparatives.yaml places this schema
-            raise ValueError(f"task.filters.contradiction.cross_encoder.batch_size: must be an integer >= 1, got "
-                             f"{self.batch_size!r}")
+        key = "task.filters.contradiction.cross_encoder"  # named where conf/task/comparatives.yaml places this schema
+        for name in ("batch_size", "max_length", "max_epochs"):
+            if not is_count(getattr(self, name)):
+                raise ValueError(f"{key}.{name}: must be an integer >= 1, got {getattr(self, name)!r}")
+        if not (self.max_steps == -1 or is_count(self.max_steps)):
+            raise ValueError(f"{key}.max_steps: must be -1 (no cap) or an integer >= 1, got {self.max_steps!r}")
+        if not self.lr > 0:
+            raise ValueError(f"{key}.lr: must be > 0, got {self.lr!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"{key}.weight_decay: must be >= 0, got {self.weight_decay!r}")
+        if not 0 < self.val_fraction < 1:  # 2 failed in scikit-learn's split, after the contradiction stage began
+            raise ValueError(f"{key}.val_fraction: must be in (0, 1), got {self.val_fraction!r}")
+        for path in self.statements or []:
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"{key}.statements: {path} is not a file (jsonl rows with a 'statement')")
 
 
 @dataclass

@@ -62,6 +62,13 @@ NC = [
     # named the generated prompts.jsonl, at generation, not the key
     ("task.constraints.order.aux=[0]", r"task\.constraints: aux: positions must be a non-empty list of ints"),
     ("+task.constraints.order.bogus=[1]", r"task\.constraints\.order: must map some of"),
+    # scikit-learn's split failed on it once the contradiction stage had begun; a missing file there too
+    ("task.filters.contradiction.cross_encoder.val_fraction=2",
+     r"task\.filters\.contradiction\.cross_encoder\.val_fraction: must be in \(0, 1\), got 2"),
+    ("task.filters.contradiction.cross_encoder.statements=[{t}/missing.jsonl]",
+     r"task\.filters\.contradiction\.cross_encoder\.statements: .*missing\.jsonl is not a file"),
+    ("task.filters.contradiction.cross_encoder.lr=0", r"cross_encoder\.lr: must be > 0"),
+    ("task.filters.contradiction.cross_encoder.max_steps=0", r"cross_encoder\.max_steps: must be -1"),
 ]
 
 
