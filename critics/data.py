@@ -93,6 +93,9 @@ def load_annotations(paths: Iterable[str | Path], label_map: Mapping | None = No
         for lineno, row in _read_rows(path, on_error, report.errors):
             where = f"{path}:{lineno}"
             try:
+                for key in ("statement", "concept"):  # {"statement": 123} was read as the statement "123"
+                    if row.get(key) is not None and not isinstance(row[key], str):
+                        raise ValueError(f"field {key!r} must be text, got {row[key]!r}")
                 statement = str(row.get("statement") or "").strip()
                 concept = str(row.get("concept") or "").strip()
                 if not statement:

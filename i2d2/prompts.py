@@ -366,6 +366,13 @@ def check_prompt_config(cfg_data) -> None:
     mode = _get(cfg_data, "related_prompts", "both")
     if mode not in ("both", "related", "none"):
         raise ValueError(f"data.related_prompts must be both|related|none, got {mode!r}")
+    for key, empty_ok in (("adverbs", True), ("goal_prefixes", False)):
+        # goal_prefixes=[]: the goal concepts gave no prompt, silently (switch the goals off with data.sources.goals=null)
+        v = _get(cfg_data, key, None)
+        if v is not None and (isinstance(v, str) or not all(isinstance(w, str) and w.strip() for w in v)
+                              or (not empty_ok and not len(v))):
+            raise ValueError(f"data.{key} must be a {'' if empty_ok else 'non-empty '}list of non-empty strings, "
+                             f"got {v!r}" + ("" if empty_ok else " (data.sources.goals=null switches goals off)"))
     from i2d2.perplexity import UNITS
 
     per = _get(_get(cfg_data, "perplexity", {}), "per", "word")
@@ -429,7 +436,11 @@ def prompt_candidates(cfg_data, concepts: list[Concept] | None = None, exclude: 
         log.info("prompts: %d concept(s) of data.sources left out, being task.heldout's: %s", len(held), held)
         concepts = [c for c in concepts if c.text.lower() not in exclude]
     if not concepts:
-        raise DataError("no concepts loaded: check data.sources " + ("; ".join(errors[:3]) if errors else ""))
+        sources = [f"data.sources.{name}={resolve_path(src.get('path'), cfg_data.get('dir'))}" for name, src in (_get(cfg_data, "sources", {}) or {}).items()
+                   if src]
+        raise DataError(f"no concepts loaded from {', '.join(sources) or 'data.sources (every source is off)'}"
+                        + (f" ({len(held)} left out as task.heldout's)" if held else "")
+                        + (f"; {'; '.join(errors[:3])}" if errors else " (empty files?)"))
     selection, forms = check_prompt_selection(cfg_data)
     groups = candidate_groups(concepts, cfg_data)
     n_without_form = 0

@@ -158,6 +158,18 @@ def negverse_pairs_columns(t):
     read_pairs(write(t / "pairs.tsv", "# original\tnegated\ttype", "The sky is blue.\tThe sky is not blue."))
 
 
+def negverse_pairs_empty_original(t):
+    from i2d2.negverse.data import read_pairs
+
+    read_pairs(write(t / "pairs.tsv", "# original\tnegated\ttype", " \tThe sky is not blue.\tverbal"))
+
+
+def labels_statement_not_text(t):
+    from critics.data import load_annotations
+
+    load_annotations([write(t / "labels.jsonl", '{"statement": 123, "concept": "dog", "label": "true"}')])
+
+
 def cmp_corpus_latin1(t):
     from i2d2.cmp.data import load_quintuples
 
@@ -275,6 +287,8 @@ CASES = [
     ("unknown label value", labels_unknown_label, "DataError", r"labels\.jsonl:1: .*maybe-ish"),
     ("NegVerse sentence file not UTF-8", negverse_sentences_latin1, "DataError", r"eval_sentences\.txt:2: not valid UTF-8"),
     ("NegVerse pairs TSV with 2 columns", negverse_pairs_columns, "DataError", r"pairs\.tsv:2: expected 'original<TAB>negated<TAB>type'"),
+    ("NegVerse pairs TSV with an empty original", negverse_pairs_empty_original, "DataError", r"pairs\.tsv:2: the original sentence \(column 1\) is empty"),
+    ("label file with a number as statement", labels_statement_not_text, "DataError", r"labels\.jsonl:1: field 'statement' must be text, got 123"),
     ("CMP corpus not UTF-8", cmp_corpus_latin1, "DataError", r"corpus\.jsonl:1: not valid UTF-8"),
     ("CMP corpus truncated row", cmp_corpus_broken_row, "DataError", r"corpus\.jsonl:2: invalid JSON"),
     ("comparatives class file not UTF-8", classes_latin1, "DataError", r"classes\.tsv:3: not valid UTF-8"),

@@ -92,3 +92,41 @@ def test_comparatives_discriminator_labels_are_read_without_the_benchmark(labels
         check_config(cfg)
     check_config(_cfg(labels, "task=comparatives", "task.qa.benchmark=false", "task.filters.discriminator.enabled=false",
                       f"task.filters.discriminator.annotations=[{labels}/empty.jsonl]"))
+
+
+def test_no_concepts_names_the_sources_read(tmp_path):
+    from i2d2.io import DataError
+    from i2d2.prompts import prompt_candidates
+
+    (tmp_path / "nouns.txt").write_text("# nothing yet\n")
+    cfg = _cfg(tmp_path, f"data.sources.nouns.path={tmp_path}/nouns.txt", "data.sources.related=null",
+               "data.sources.goals=null")
+    with pytest.raises(DataError, match=rf"no concepts loaded from data\.sources\.nouns={tmp_path}/nouns\.txt "
+                                        r"\(empty files\?\)"):
+        prompt_candidates(cfg.data)
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ("data.goal_prefixes=[]", r"data\.goal_prefixes must be a non-empty list .*data\.sources\.goals=null"),
+    ("data.adverbs=[Generally,'']", r"data\.adverbs must be a list of non-empty strings"),
+])
+def test_prompt_word_lists_are_checked_at_start_up(tmp_path, override, pattern):
+    from i2d2.recipes.generics import check_config
+
+    with pytest.raises(ConfigError, match=pattern):
+        check_config(_cfg(tmp_path, override))
+    check_config(_cfg(tmp_path, "data.adverbs=[]"))  # bare forms only: a choice, not an error
+
+
+@pytest.mark.parametrize("overrides,pattern", [
+    (["task.report.samples=-3"], r"task\.report\.samples: must be an integer >= 0, got -3"),
+    (["task.report.self_bleu_sample=1"], r"task\.report\.self_bleu_sample: must be an integer >= 2, got 1"),
+    (["task=comparatives", "task.samples=-3"], r"task\.samples: must be an integer >= 0, got -3"),
+])
+def test_report_sample_sizes_are_checked(tmp_path, overrides, pattern):
+    # a negative count was taken as "all but n" by a slice or head()
+    from importlib import import_module
+
+    recipe = import_module(f"i2d2.recipes.{'comparatives' if 'task=comparatives' in overrides else 'generics'}")
+    with pytest.raises(ConfigError, match=pattern):
+        recipe.check_config(_cfg(tmp_path, *overrides))

@@ -38,8 +38,11 @@ def read_pairs(path: str | Path) -> list[dict]:
         if not line.strip() or line.startswith("#"):
             continue
         cols = [c.strip() for c in line.split("\t")]
-        if len(cols) != 3 or not cols[0] or not cols[1]:
+        if len(cols) != 3:
             raise DataError(f"{path}:{lineno}: expected 'original<TAB>negated<TAB>type', got {len(cols)} column(s)")
+        for i, name in enumerate(("original", "negated")):  # three columns with an empty one said "got 3 column(s)"
+            if not cols[i]:
+                raise DataError(f"{path}:{lineno}: the {name} sentence (column {i + 1}) is empty")
         if cols[2] not in TYPES:
             raise DataError(f"{path}:{lineno}: type {cols[2]!r} is not one of {TYPES}")
         if cols[0] == cols[1]:

@@ -74,6 +74,8 @@ def check_config(cfg) -> None:
         need((prev / "config.json").exists(), "iteration" if k == first else "num_iterations",
              f"iteration {k} generates with {prev}, which does not exist: NeuroComparatives has no fine-tuning step "
              "to write it (run iteration=0 num_iterations=1, or put a model there)")
+    need(is_int(task.samples) and task.samples >= 0, "task.samples",  # -3 was taken as "all but 3" by head()
+         f"must be an integer >= 0, got {task.samples!r}")
     mp = task.get("max_passes")
     need(mp is None or (is_int(mp) and mp >= 1), "task.max_passes", f"must be null (all 30) or an integer >= 1, got {mp!r}")
     df = data.prompt_filter.drop_fraction

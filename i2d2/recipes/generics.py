@@ -130,6 +130,9 @@ def check_config(cfg: DictConfig) -> None:
     v = OmegaConf.select(t, "annotation.k_per_concept", default=4)
     need(is_int(v) and v >= 0, "task.annotation.k_per_concept",
          f"must be an integer >= 0 (0: none), got {v!r}")
+    for key, default, least in (("samples", 10, 0), ("self_bleu_sample", 200, 2)):  # -3 was taken as "all but 3"
+        v = OmegaConf.select(t, f"report.{key}", default=default)
+        need(is_int(v) and v >= least, f"task.report.{key}", f"must be an integer >= {least}, got {v!r}")
     for key, default in (("mnr_fraction", 0.3), ("mnr_bleu", 0.85)):
         v = OmegaConf.select(t, f"report.{key}", default=default)
         need(is_num(v) and 0 < v <= 1, f"task.report.{key}",
