@@ -436,8 +436,8 @@ def prompt_candidates(cfg_data, concepts: list[Concept] | None = None, exclude: 
         log.info("prompts: %d concept(s) of data.sources left out, being task.heldout's: %s", len(held), held)
         concepts = [c for c in concepts if c.text.lower() not in exclude]
     if not concepts:
-        sources = [f"data.sources.{name}={resolve_path(src.get('path'), cfg_data.get('dir'))}" for name, src in (_get(cfg_data, "sources", {}) or {}).items()
-                   if src]
+        sources = [f"data.sources.{name}={resolve_path(src.get('path'), cfg_data.get('dir'))}"
+                   for name, src in (_get(cfg_data, "sources", {}) or {}).items() if src]
         raise DataError(f"no concepts loaded from {', '.join(sources) or 'data.sources (every source is off)'}"
                         + (f" ({len(held)} left out as task.heldout's)" if held else "")
                         + (f"; {'; '.join(errors[:3])}" if errors else " (empty files?)"))

@@ -160,17 +160,15 @@ def _check_prompt_inputs(cfg) -> None:
             need(is_num(ef[key]) and ef[key] > 0, f"data.entity_filter.{key}", f"must be a number > 0, got {ef[key]!r}")
         need(not corpus or Path(str(ef.source)).expanduser().is_file(), "data.entity_filter.source",
              f"must be wordfreq or a text file, one document a line; {ef.source!r} is neither")
-    if not corpus:  # a corpus is counted once, in the run (it may be large); wordfreq takes a fraction of a second
-        try:  # a missing, empty or malformed classes file named with its line, or a filter that leaves no pair
-            entity_pairs(cfg)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"data.classes: {e}") from None
-    else:
-        try:
+    try:  # a missing, empty or malformed classes file named with its line, or a filter that leaves no pair (a
+        # corpus is counted once, in the run: it may be large; wordfreq takes a fraction of a second)
+        if corpus:
             load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
                          int(data.wikidata.max_depth))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"data.classes: {e}") from None
+        else:
+            entity_pairs(cfg)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"data.classes: {e}") from None
     try:
         wl = load_wordlists(task.wordlists)
     except (OSError, ValueError) as e:
