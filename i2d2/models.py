@@ -343,6 +343,22 @@ def apply_lora(model, lora, task_type: str, where: str):
                          f"Set {where}.target_modules (e.g. [q_proj,v_proj] or all-linear).") from None
 
 
+def check_lora_targets(name: str, lora, where: str, cache: str | None = None) -> None:
+    """``apply_lora`` on the skeleton of the causal LM ``name`` (built from its config on the meta device: no weights
+    are read), so that a ``target_modules`` matching none of its modules fails at start-up, naming ``where``, not
+    when fine-tuning begins after generation and the critic."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if name.startswith("tiny:"):
+        model = load_causal_lm(name)[0]
+    else:
+        path = gemma_safetensors_dir(cache) if name == "packaged:gemma3-270m" else _hub_or_local(name, "causal LM")
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    apply_lora(model, lora, "CAUSAL_LM", where)
+
+
 def load_sentence_encoder(name: str = "packaged:minilm", device: str | None = None):
     from sentence_transformers import SentenceTransformer
 

@@ -130,3 +130,15 @@ def test_report_sample_sizes_are_checked(tmp_path, overrides, pattern):
     recipe = import_module(f"i2d2.recipes.{'comparatives' if 'task=comparatives' in overrides else 'generics'}")
     with pytest.raises(ConfigError, match=pattern):
         recipe.check_config(_cfg(tmp_path, *overrides))
+
+
+def test_lora_target_modules_are_checked_against_the_generator_at_start_up(tmp_path):
+    # peft refused them only when fine-tuning began, after generation and the critic
+    from i2d2.recipes.generics import check_config
+
+    lora = ["model=tiny_gpt2", "task.finetune.lora.enabled=true"]
+    with pytest.raises(ConfigError, match=r"task\.finetune\.lora: cannot apply LoRA to GPT2LMHeadModel: Target "
+                                          r"modules \{'nope'\} not found"):
+        check_config(_cfg(tmp_path, *lora, "task.finetune.lora.target_modules=[nope]"))
+    check_config(_cfg(tmp_path, *lora, "task.finetune.lora.target_modules=[c_attn]"))
+    check_config(_cfg(tmp_path, *lora))  # null: peft's default for the architecture

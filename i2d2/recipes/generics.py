@@ -170,6 +170,13 @@ def check_config(cfg: DictConfig) -> None:
     need(not ft.lora.enabled or ft.lora.r >= 1, "task.finetune.lora.r", f"must be >= 1, got {ft.lora.r!r}")
     need(not ft.lora.enabled or 0 <= ft.lora.dropout < 1, "task.finetune.lora.dropout",
          f"must be in [0, 1), got {ft.lora.dropout!r}")
+    if ft.lora.enabled:  # target_modules against the generator's modules (its skeleton, no weights read)
+        from i2d2.models import check_lora_targets
+
+        try:
+            check_lora_targets(generator_name(cfg, it), ft.lora, "task.finetune.lora", cfg.get("cache_dir"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     try:
         DecodingConfig(**OmegaConf.to_container(cfg.decoding, resolve=True))
     except (TypeError, ValueError) as e:
