@@ -81,6 +81,45 @@ def test_cmp_check_config_refuses_before_anything_loads(tmp_path, override, key)
         check_config(_cmp_cfg(tmp_path, override))
 
 
+@pytest.mark.parametrize("override, message", [
+    # accepted at start-up: lr -1 and warmup_ratio 3 trained without a word, a length of 0 failed in the tokenizer
+    ("task.pretrain.lr=-1", r"task\.pretrain\.lr: must be > 0, got -1"),
+    ("task.pretrain.lr=0", r"task\.pretrain\.lr: must be > 0, got 0"),
+    ("task.pretrain.weight_decay=-0.1", r"task\.pretrain\.weight_decay: must be >= 0, got -0\.1"),
+    ("task.pretrain.warmup_ratio=3", r"task\.pretrain\.warmup_ratio: must be in \[0, 1\), got 3"),
+    ("task.pretrain.warmup_ratio=-0.1", r"task\.pretrain\.warmup_ratio: must be in \[0, 1\), got -0\.1"),
+    ("task.pretrain.max_source_length=0", r"task\.pretrain\.max_source_length: must be an integer >= 1, got 0"),
+    ("task.pretrain.max_target_length=1", r"task\.pretrain\.max_target_length: must be an integer >= 2 \(one token"),
+    ("task.pretrain.val_max_per_task=0", r"task\.pretrain\.val_max_per_task: must be null \(the default\) or an "
+                                         r"integer >= 1, got 0"),
+    ("task.eval.max_new_tokens=0", r"task\.eval\.max_new_tokens: must be an integer >= 1, got 0"),
+    # checked only in the first stage (make_splits), after the run lock and the tracker had started
+    ("data.val_fraction=1.5", r"data\.val_fraction: must be in \(0, 1\), got 1\.5"),
+    ("data.test_fraction=0", r"data\.test_fraction: must be in \(0, 1\), got 0"),
+    ("data.val_fraction=0.8", r"data\.val_fraction \+ data\.test_fraction: must be < 1 \(training keeps the rest\), "
+                              r"got 1\.0"),
+    ("data.split_by=entities", r"data\.split_by: must be entity \(held-out entities\) or field .*got 'entities'"),
+])
+def test_cmp_pretrain_and_data_values_are_refused_at_start_up(tmp_path, override, message):
+    from i2d2.recipes.cmp import check_config
+
+    with pytest.raises(ConfigError, match=message):
+        check_config(_cmp_cfg(tmp_path, override))
+
+
+def test_cmp_missing_corpus_is_refused_at_start_up(tmp_path):
+    # was a DataError from load_quintuples in the first stage, after the run directory and the tracker were set up
+    from i2d2.recipes.cmp import check_config
+
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(ConfigError, match=rf"data\.corpus: quintuple file {missing} not found"):
+        check_config(_cmp_cfg(tmp_path, f"data.corpus={missing}"))
+    with pytest.raises(ConfigError, match=r"data\.corpus: quintuple file .*nope\.jsonl not found"):
+        check_config(_cmp_cfg(tmp_path, "data.corpus=bundled:nope.jsonl"))
+    # the split fractions are not read by a split_by=field run: any number is taken there
+    check_config(_cmp_cfg(tmp_path, "data.split_by=field", "data.val_fraction=0"))
+
+
 def test_zero_shot_base_model_does_not_depend_on_the_rng_state(tmp_path, monkeypatch):
     # packaged:minilm draws its cross-attention at random when loaded: the 'base' row of the zero-shot table came
     # from whatever state the RNG was in (after pre-training in a fresh run, before it in a rerun)

@@ -55,6 +55,8 @@ def check_config(cfg) -> None:
     seg = cfg.task.segment_sentences  # 0 divided by zero in cut_documents; < 0 cut documents at random places
     need(is_int(seg) and seg >= 1, "task.segment_sentences", f"must be an integer >= 1, got {seg!r}")
     check_tasks(cfg.task)
+    check_pretrain(cfg)
+    check_data(cfg)
     # a weight that names no task was never read (a misspelt one left its task at the default weight, 1);
     # a weight <= 0 failed in pre-training, after the textualize stage
     mix = _container(cfg.task.get("mix")) or {}
@@ -71,6 +73,45 @@ def check_config(cfg) -> None:
             check_downstream_settings(cfg)
         except (KeyError, ValueError, OSError) as e:
             raise ConfigError(e.args[0] if isinstance(e, KeyError) else str(e)) from None
+
+
+def check_pretrain(cfg) -> None:
+    """task.pretrain's optimiser settings and lengths: lr=-1 or warmup_ratio=3 trained without a word, a length of 0
+    failed in the tokenizer only after the textualize stage."""
+    from i2d2.config import is_int, is_num, need, need_counts
+
+    pre = cfg.task.pretrain
+    need_counts(cfg, "task.pretrain.max_source_length", "task.eval.max_new_tokens")
+    need_counts(cfg, "task.pretrain.val_max_per_task", null_ok=True)  # 0 was read as null (all), -1 failed in numpy
+    n = pre.max_target_length  # targets are cut to n - 1 tokens and end with EOS: 1 left nothing to learn
+    need(is_int(n) and n >= 2, "task.pretrain.max_target_length",
+         f"must be an integer >= 2 (one token is the end of sequence), got {n!r}")
+    need(is_num(pre.lr) and pre.lr > 0, "task.pretrain.lr", f"must be > 0, got {pre.lr!r}")
+    need(is_num(pre.weight_decay) and pre.weight_decay >= 0, "task.pretrain.weight_decay",
+         f"must be >= 0, got {pre.weight_decay!r}")
+    w = pre.warmup_ratio  # a share of task.pretrain.max_steps
+    need(is_num(w) and 0 <= w < 1, "task.pretrain.warmup_ratio", f"must be in [0, 1), got {w!r}")
+
+
+def check_data(cfg) -> None:
+    """data.split_by, data.val_fraction / data.test_fraction and data.corpus, read only by the first stage (after the
+    run lock and the tracker had started)."""
+    from i2d2.config import is_num, need
+
+    d = cfg.data
+    by = d.get("split_by", "entity")
+    need(by in ("entity", "field"), "data.split_by",
+         f"must be entity (held-out entities) or field (the rows' own 'split' fields), got {by!r}")
+    fractions = {key: d.get(key) for key in ("val_fraction", "test_fraction")}
+    for key, f in fractions.items():
+        need(is_num(f), f"data.{key}", f"must be a number in (0, 1), got {f!r}")
+        # a share of each category's entities, held out: 0 left the split empty, which make_splits refuses
+        need(by == "field" or 0 < f < 1, f"data.{key}", f"must be in (0, 1), got {f!r}")
+    total = sum(fractions.values())
+    need(by == "field" or total < 1, "data.val_fraction + data.test_fraction",
+         f"must be < 1 (training keeps the rest), got {total!r}")
+    corpus = resolve_path(d.corpus) or BUNDLED / "corpus.jsonl"
+    need(corpus.is_file(), "data.corpus", f"quintuple file {corpus} not found")
 
 
 def check_tasks(t) -> None:
