@@ -2,6 +2,8 @@
 holds task.pretrain.batch_size examples, the zero-shot 'base' model does not depend on the RNG state, and bad NegVerse
 inputs are refused by name (before training) instead of failing after it or with the wrong advice."""
 
+import re
+
 import pytest
 import torch
 
@@ -112,7 +114,7 @@ def test_cmp_missing_corpus_is_refused_at_start_up(tmp_path):
     from i2d2.recipes.cmp import check_config
 
     missing = tmp_path / "nope.jsonl"
-    with pytest.raises(ConfigError, match=rf"data\.corpus: quintuple file {missing} not found"):
+    with pytest.raises(ConfigError, match=rf"data\.corpus: quintuple file {re.escape(str(missing))} not found"):
         check_config(_cmp_cfg(tmp_path, f"data.corpus={missing}"))
     with pytest.raises(ConfigError, match=r"data\.corpus: quintuple file .*nope\.jsonl not found"):
         check_config(_cmp_cfg(tmp_path, "data.corpus=bundled:nope.jsonl"))
@@ -194,6 +196,36 @@ def test_negverse_empty_eval_file_is_refused_before_training(tmp_path):
         check_config(_nv_cfg(tmp_path))
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         check_config(_nv_cfg(tmp_path, f"data.eval_sentences={tmp_path / 'missing.txt'}"))
+
+
+@pytest.mark.parametrize("override, message", [
+    # silently accepted: a negative weight decay pushed the prompt away from zero, warmup_steps=-1 was read as 1
+    ("task.train.weight_decay=-1", r"task\.train\.weight_decay: must be >= 0, got -1"),
+    ("task.train.warmup_steps=-1", r"task\.train\.warmup_steps: must be an integer >= 0, got -1"),
+    ("task.train.warmup_steps=2.5", r"task\.train\.warmup_steps: must be an integer >= 0, got 2\.5"),
+])
+def test_negverse_train_values_are_refused_at_start_up(tmp_path, override, message):
+    from i2d2.recipes.negverse import check_config
+
+    check_config(_nv_cfg(tmp_path, "task.train.warmup_steps=0", "task.train.weight_decay=0.01"))  # both allowed
+    with pytest.raises(ConfigError, match=message):
+        check_config(_nv_cfg(tmp_path, override))
+
+
+def test_negverse_cue_lexicon_is_read_at_start_up(tmp_path):
+    # a missing lexicon was found by the evaluation stage, after training, as a FileNotFoundError traceback
+    from i2d2.recipes.negverse import check_config
+
+    missing = tmp_path / "cues.yaml"
+    path = re.escape(str(missing))
+    with pytest.raises(ConfigError, match=rf"task\.cue_lexicon: negation cue lexicon {path} not found"):
+        check_config(_nv_cfg(tmp_path, f"task.cue_lexicon={missing}"))
+    missing.write_text("verbal: [not]\n")  # a lexicon without its other sections
+    with pytest.raises(ConfigError, match=rf"task\.cue_lexicon: {path}: missing top-level field 'non_verbal'"):
+        check_config(_nv_cfg(tmp_path, f"task.cue_lexicon={missing}"))
+    missing.write_text("verbal: [not\n")  # not YAML
+    with pytest.raises(ConfigError, match=rf"task\.cue_lexicon: while parsing .*{path}"):
+        check_config(_nv_cfg(tmp_path, f"task.cue_lexicon={missing}"))
 
 
 @pytest.fixture(scope="module")

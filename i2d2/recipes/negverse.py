@@ -45,6 +45,10 @@ def check_config(cfg) -> None:
     tr = t.train
     need(is_num(tr.lr) and tr.lr > 0, "task.train.lr", f"must be > 0, got {tr.lr!r}")
     need(is_num(tr.new_token_lr) and tr.new_token_lr >= 0, "task.train.new_token_lr", f"must be >= 0, got {tr.new_token_lr!r}")
+    need(is_num(tr.weight_decay) and tr.weight_decay >= 0, "task.train.weight_decay",
+         f"must be >= 0, got {tr.weight_decay!r}")
+    need(is_int(tr.warmup_steps) and tr.warmup_steps >= 0, "task.train.warmup_steps",  # -1 was read as 1
+         f"must be an integer >= 0, got {tr.warmup_steps!r}")
     need(is_num(tr.val_fraction) and 0 < tr.val_fraction < 1, "task.train.val_fraction",
          f"must be in (0, 1), got {tr.val_fraction!r}")
     need(is_int(tr.max_steps) and (tr.max_steps == -1 or tr.max_steps >= 1), "task.train.max_steps",
@@ -54,6 +58,18 @@ def check_config(cfg) -> None:
     need(t.get("cue_tagger_mode", "union") in ("union", "replace"), "task.cue_tagger_mode",
          f"must be union or replace, got {t.get('cue_tagger_mode')!r}")
     need_counts(cfg, "task.prompt.num_virtual_tokens")
+    # the cue lexicon was read only by the evaluation, after training: a missing or malformed file is refused now
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+
+    from i2d2.negverse.cues import load_lexicon
+
+    try:
+        load_lexicon(t.cue_lexicon)
+    except (OSError, ValueError, TypeError, yaml.YAMLError, OmegaConfBaseException) as e:
+        msg = " ".join(str(e).split())  # YAML's messages span lines
+        raise ConfigError(f"task.cue_lexicon: {msg if str(t.cue_lexicon) in msg else f'{t.cue_lexicon}: {msg}'}") \
+            from None
     # the evaluation reads these sentences only after training: a missing or empty file is refused now, by name
     from i2d2.negverse.data import read_sentences, resolve, seen_in_training
 
