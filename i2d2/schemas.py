@@ -61,6 +61,11 @@ class DecodingConfig:
                 raise ValueError(f"{k}: must be an integer >= 1, got {getattr(self, k)!r}")
         if self.min_new_tokens < 0 or self.sat_tolerance < 0 or self.no_repeat_ngram_size < 0:
             raise ValueError("DecodingConfig: min_new_tokens, sat_tolerance, no_repeat_ngram_size must be >= 0")
+        # 0 was read as null (the decoder's `or` took the default), -1 failed in the decoder's topk mid-generation
+        for k, default in (("candidates_per_beam", "2 * beam_size"), ("lookahead", "beam_size")):
+            v = getattr(self, k)
+            if v is not None and not is_count(v):
+                raise ValueError(f"{k}: must be null (the default: {default}) or an integer >= 1, got {v!r}")
 
 
 @dataclass
