@@ -216,9 +216,15 @@ def _field_names(schema: type) -> list[str]:
     return sorted(f.name for f in dataclasses.fields(schema))
 
 
+def _list_hint(d: list) -> str:
+    """A list default as it is written on the command line, its first items only: ``[in, on, of, ...]``."""
+    return "[" + ", ".join(map(str, d[:3])) + (", ...]" if len(d) > 3 else "]")
+
+
 def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> list[str]:
     """Keys of ``node`` that ``schema`` (the shipped defaults) does not define; with ``wrong``, also collect the
-    values that cannot be what a numeric or boolean default stands for (``lr=1e-2x`` reaches a stage as a string).
+    values that cannot be what a numeric or boolean default stands for (``lr=1e-2x`` reaches a stage as a string),
+    and a scalar or a map where the default is a list (``function_words=7``; a null stays allowed, as for the others).
     A node built by ``_target_`` takes its constructor's keyword arguments, and ``OPEN_SECTIONS`` their own keys."""
     if "_target_" in schema:
         return []
@@ -239,6 +245,8 @@ def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> 
             elif isinstance(d, (int, float)) and not isinstance(d, bool) and (
                     isinstance(v, bool) or not isinstance(v, (int, float))):
                 wrong.append(f"{where}.{k}={v!r} (expected a number, like its default {d!r})")
+            elif isinstance(d, list) and not isinstance(v, list):  # function_words=7: a TypeError in a late stage
+                wrong.append(f"{where}.{k}={v!r} (expected a list, like its default {_list_hint(d)})")
     return out
 
 

@@ -56,3 +56,62 @@ def test_decoder_refuses_a_negative_lookahead_before_generating():
     model, tok = tiny_model("gpt2")
     with pytest.raises(ValueError, match=r"^lookahead: must be null"):
         NeuroLogicDecoder(model, tok, {"lookahead": -1})
+
+
+# ----------------------------------------------------------------------------- a scalar where a list belongs
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # a TypeError ('int' object is not iterable) in the prompts stage, after start-up
+    (["data.constraints.function_words=7"],
+     r"data\.constraints\.function_words=7 \(expected a list, like its default \[in, on, of, \.\.\.\]\)"),
+    # a string is iterated letter by letter: the held-out concepts 'u', 'm', 'b', ...
+    (["task.heldout.nouns=umbrella"], r"task\.heldout\.nouns='umbrella' \(expected a list"),
+    (["task=comparatives", "data.wikidata.roots=artefact"], r"data\.wikidata\.roots='artefact' \(expected a list"),
+    (["task=comparatives", "task.constraints.negatives=punctuation"],
+     r"task\.constraints\.negatives='punctuation' \(expected a list, like its default \[punctuation, pronouns, "
+     r"connectives\]\)"),
+    (["task=cmp", "task.downstream.shots=0"], r"task\.downstream\.shots=0 \(expected a list, like its default \[0\]\)"),
+])
+def test_a_scalar_for_a_list_key_is_refused_at_start_up(overrides, message):
+    from i2d2.config import ConfigTypeError, check_keys
+
+    with pytest.raises(ConfigTypeError, match=r"^config value\(s\) of the wrong type: .*" + message):
+        check_keys(_cfg(*overrides))
+
+
+def test_a_scalar_for_a_list_key_is_refused_by_i2d2_generate():
+    from hydra import compose, initialize_config_dir
+
+    from i2d2.config import ConfigTypeError, check_keys
+
+    def cfg(*overrides):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            return compose("generate", overrides=list(overrides))
+
+    check_keys(cfg("generate.concepts=[violins]"))
+    with pytest.raises(ConfigTypeError, match=r"generate\.concepts='violins' \(expected a list, like its default \[\]\)"):
+        check_keys(cfg("generate.concepts=violins"))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["task=comparatives", "task.constraints.negatives=null"],  # a list key taking null (every negative set)
+    ["task=comparatives", "task.filters.contradiction.label_indices=[0,1,2]"],  # null default: any value
+    ["task=comparatives", "task.filters.contradiction.label_indices=null"],
+    ["data.goal_prefixes=[]", "task.heldout.goals=null"],
+    ["task=cmp", "task.downstream.datasets=[]", "task.pretrain.val_max_per_task=null"],
+    ["task.heldout.nouns=${data.adverbs}"],  # an interpolation is the referenced value's business
+])
+def test_nulls_lists_and_interpolations_for_list_keys_still_pass(overrides):
+    from i2d2.config import check_keys
+
+    check_keys(_cfg(*overrides))
+
+
+@pytest.mark.parametrize("overrides", [[f"task={t}", *p] for t in ("i2d2", "comparatives", "negverse", "cmp")
+                                       for p in ([], ["experiment=smoke"])]
+                         + [[f"experiment=paper_{t}"] for t in ("i2d2", "comparatives", "negverse", "cmp")])
+def test_every_task_and_preset_passes_the_type_check(overrides):
+    from i2d2.config import check_keys
+
+    check_keys(_cfg(*overrides))
