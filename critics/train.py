@@ -193,7 +193,7 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
     No file, or fewer than ``min_examples`` usable rows, is refused here, before the split (an empty file was a
     misleading "need at least 2 concept groups")."""
     if not paths:
-        raise ValueError("no annotation files: critic.seed_annotations is empty and the run has no labels store "
+        raise ValueError("critic.seed_annotations: no annotation files: it is empty and the run has no labels store "
                          "(name at least one, e.g. the bundled generics_gemma.jsonl)")
     report = report if report is not None else LoadReport()
     rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report)

@@ -373,10 +373,24 @@ def _changed_outputs(out_dir: Path, recorded: dict) -> list[tuple[str, str]]:
     return changed
 
 
+_VERIFIED: dict = {}  # (marker, its stat, the checked files' stats) -> True: one hash per process, not one per call
+
+
+def _stat_key(p: Path) -> tuple:
+    try:
+        st = p.stat()
+    except OSError:
+        return (str(p), None)
+    return (str(p), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> bool:
     """Check the files under ``folder`` against the size + SHA-256 that the stage in ``stage_dir`` recorded when it
     finished (``mark_done``), before another stage or command loads them (an iteration's model, an adapter); raise
-    DataError naming the first damaged file. False when ``stage_dir`` has no marker (a folder put there by hand)."""
+    DataError naming the first damaged file. False when ``stage_dir`` has no marker (a folder put there by hand).
+    Files are matched to ``folder`` by path as recorded (not resolved: a weights file that is a link to a blob is
+    still checked), and a folder already found intact in this process, unchanged since (size, mtime, inode), is not
+    hashed again (start-up, the run and each iteration ask for the same model)."""
     folder, stage_dir = Path(folder), Path(stage_dir)
     marker = stage_dir / DONE
     try:
@@ -385,14 +399,22 @@ def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> 
         return False
     except ValueError:
         raise DataError(f"{marker} is damaged (not JSON): {folder} cannot be checked against it") from None
-    root = folder.resolve()
-    mine = {rel: want for rel, want in (info.get("outputs") or {}).items()
-            if (stage_dir / rel).resolve().is_relative_to(root)}
+    outputs = (info.get("outputs") if isinstance(info, dict) else []) or {}  # none recorded: an older marker
+    if not isinstance(info, dict) or not isinstance(outputs, dict) or not all(
+            isinstance(w, dict) and {"size", "sha256"} <= set(w) for w in outputs.values()):
+        raise DataError(f"{marker} is damaged (no outputs record): {folder} cannot be checked against it")
+    root = os.path.normpath(os.path.abspath(folder))
+    mine = {rel: want for rel, want in outputs.items()
+            if os.path.commonpath([root, os.path.normpath(os.path.abspath(stage_dir / rel))]) == root}
+    key = (_stat_key(marker), *(_stat_key(stage_dir / rel) for rel in sorted(mine)))
+    if _VERIFIED.get(key):
+        return True
     damaged = _changed_outputs(stage_dir, mine)
     if damaged:
         rel, why = damaged[0]
         raise DataError(f"{os.path.normpath(stage_dir / rel)} is damaged ({why}; recorded in {marker} when the "
                         f"stage finished){f' and {len(damaged) - 1} more file(s)' if len(damaged) > 1 else ''}")
+    _VERIFIED[key] = True
     return True
 
 

@@ -84,3 +84,49 @@ def test_a_damaged_negverse_adapter_is_refused_before_the_base_model_loads(tmp_p
     _truncate(adapter / "adapter_model.safetensors")
     with pytest.raises(DataError, match=r"train/adapter/adapter_model\.safetensors is damaged"):
         NegVerseLM.load(adapter)
+
+
+def test_a_weights_file_linked_to_a_blob_is_still_checked(tmp_path):
+    # the files were filtered by their resolved path: a model.safetensors that is a link (HF-cache layout, dedup'd
+    # storage) resolved outside the folder and was never checked, though stage_done refused it
+    import shutil
+
+    from i2d2.io import verify_recorded
+
+    model_dir = _finished_iteration(tmp_path)
+    blob = tmp_path / "blob.safetensors"
+    shutil.move(model_dir / "model.safetensors", blob)
+    (model_dir / "model.safetensors").symlink_to(blob)
+    mark_done(tmp_path / "iter_0" / "finetune", "fp", {}, outside=[model_dir])
+    assert verify_recorded(model_dir, model_dir.parent / "finetune")
+    _truncate(blob)
+    with pytest.raises(DataError, match=r"model\.safetensors is damaged"):
+        verify_recorded(model_dir, model_dir.parent / "finetune")
+
+
+@pytest.mark.parametrize("marker", ["[]", '{"outputs": {"../model/config.json": {}}}'])
+def test_a_malformed_marker_is_a_data_error_not_a_traceback(tmp_path, marker):
+    from i2d2.io import verify_recorded
+
+    model_dir = _finished_iteration(tmp_path)
+    (model_dir.parent / "finetune" / "_DONE.json").write_text(marker)
+    with pytest.raises(DataError, match=r"_DONE\.json is damaged"):
+        verify_recorded(model_dir, model_dir.parent / "finetune")
+
+
+def test_start_up_hashes_the_previous_model_once_per_process(tmp_path, monkeypatch):
+    # check_config (run by i2d2.train and again by run()), generator_name and the LoRA check each hashed it
+    import i2d2.io as io
+    from i2d2.io import verify_recorded
+
+    model_dir = _finished_iteration(tmp_path)
+    calls = []
+    real = io.file_digest
+    monkeypatch.setattr(io, "file_digest", lambda p: calls.append(p) or real(p))
+    for _ in range(3):
+        assert verify_recorded(model_dir, model_dir.parent / "finetune")
+    n = len(calls)
+    assert n == len(list(p for p in model_dir.iterdir() if p.is_file()))
+    _truncate(model_dir / "model.safetensors")  # changed since: checked again
+    with pytest.raises(DataError):
+        verify_recorded(model_dir, model_dir.parent / "finetune")

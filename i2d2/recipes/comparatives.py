@@ -165,8 +165,8 @@ def _check_prompt_inputs(cfg) -> None:
         if corpus:
             load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
                          int(data.wikidata.max_depth))
-        else:
-            entity_pairs(cfg)
+        else:  # the classes only: building every pair (1.7M at the paper's scale) is the prompts stage's work
+            entity_classes(cfg)
     except (OSError, ValueError) as e:
         raise ConfigError(f"data.classes: {e}") from None
     try:
@@ -214,9 +214,9 @@ def _check_template(template) -> None:
 
 # ----------------------------------------------------------------------------- stages
 
-def entity_pairs(cfg):
-    """The entity classes (§2.1.1), their obscure entities out (§2.1.3, ``data.entity_filter``) and the pairs to
-    prompt with: (classes, entities loaded, the frequency record or None, pairs). No pair is an error."""
+def entity_classes(cfg):
+    """The entity classes (§2.1.1) and their obscure entities out (§2.1.3, ``data.entity_filter``): (classes,
+    entities loaded, the frequency record or None). No class with two distinct entities (no pair) is an error."""
     data = cfg.data
     classes = load_classes(data.classes, data.format, int(data.min_entities),
                            list(data.wikidata.roots), int(data.wikidata.max_depth))
@@ -226,12 +226,27 @@ def entity_pairs(cfg):
         ef = data.entity_filter
         classes, freq = filter_obscure(classes, FrequencyFilter(str(ef.source), float(ef.min_count),
                                                                 float(ef.corpus_words), int(data.min_entities)))
+    if not any(len({e.name.lower() for e in ents}) >= 2 for ents in classes.values()):
+        _no_pairs(cfg, n_entities_loaded, freq, classes)
+    return classes, n_entities_loaded, freq
+
+
+def _no_pairs(cfg, n_entities_loaded, freq, classes):
+    data = cfg.data
+    left = "" if freq is None else (f"; {n_entities_loaded} entities loaded, "
+                                    f"{sum(len(v) for v in classes.values())} left after data.entity_filter "
+                                    f"(min_count {data.entity_filter.min_count})")
+    raise DataError(f"{data.classes or BUNDLED}: no entity pairs (need classes with >= 2 distinct entities{left})")
+
+
+def entity_pairs(cfg):
+    """``entity_classes`` and the pairs to prompt with: (classes, entities loaded, the frequency record or None,
+    pairs). No pair is an error."""
+    data = cfg.data
+    classes, n_entities_loaded, freq = entity_classes(cfg)
     pairs = make_pairs(classes, data.template, bool(data.both_orders), data.max_pairs_per_class, int(cfg.seed))
     if pairs.empty:
-        left = "" if freq is None else (f"; {n_entities_loaded} entities loaded, "
-                                        f"{sum(len(v) for v in classes.values())} left after data.entity_filter "
-                                        f"(min_count {data.entity_filter.min_count})")
-        raise DataError(f"{data.classes or BUNDLED}: no entity pairs (need classes with >= 2 distinct entities{left})")
+        _no_pairs(cfg, n_entities_loaded, freq, classes)
     return classes, n_entities_loaded, freq, pairs
 
 

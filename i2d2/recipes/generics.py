@@ -86,8 +86,8 @@ def check_config(cfg: DictConfig) -> None:
     it, n = cfg.get("iteration"), cfg.get("num_iterations", 1)
     need(is_int(it) and it >= 0, "iteration", f"must be an integer >= 0, got {it!r}")
     need(is_int(n) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
-    if it > 0:  # iteration k starts from iteration k-1's model: say so now, not after the lock and the loggers
-        generator_name(cfg, it)
+    # iteration k starts from iteration k-1's model: say so now, not after the lock and the loggers
+    generator = generator_name(cfg, it)
     t = cfg.task
     unknown = sorted(set(t) - TASK_KEYS)
     need(not unknown, "task", f"unknown key(s) {unknown} in conf/task/i2d2.yaml; known: {sorted(TASK_KEYS)}")
@@ -153,10 +153,14 @@ def check_config(cfg: DictConfig) -> None:
     try:
         paths = critic_annotation_paths(list(critic["seed_annotations"]), cfg.run_dir)
         rows, texts, _, (train_idx, _, _), _ = labelled_splits(critic, paths)
-        if critic["kind"] == "probe" and critic["probe_context"]["examples"]:
-            probe_context(critic, rows, texts, train_idx)
     except (ValueError, OSError) as e:
-        raise ConfigError(f"critic.seed_annotations: {e} (read with the run's labels store)") from None
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith("critic.") else f"critic.seed_annotations: {msg}") from None
+    if critic["kind"] == "probe" and critic["probe_context"]["examples"]:
+        try:  # its message names critic.probe_context
+            probe_context(critic, rows, texts, train_idx)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     # types and key names: i2d2/schemas.py (checked at composition); here the ranges
     ft = t.finetune
     need(ft.lr > 0, "task.finetune.lr", f"must be > 0, got {ft.lr!r}")
@@ -174,7 +178,7 @@ def check_config(cfg: DictConfig) -> None:
         from i2d2.models import check_lora_targets
 
         try:
-            check_lora_targets(generator_name(cfg, it), ft.lora, "task.finetune.lora", cfg.get("cache_dir"))
+            check_lora_targets(generator, ft.lora, "task.finetune.lora", cfg.get("cache_dir"))
         except ValueError as e:
             raise ConfigError(str(e)) from None
     try:
