@@ -157,6 +157,12 @@ def _read_labelled(path: Path, required=("statement", "concept"), one_of=("label
                 out.append((lineno, row))
     if not out:
         raise DataError(f"{path}: no rows (an empty file)")
+    # the JSONL twin of the CSV header check: a file of statements (an export, or generations) has no row with a
+    # label or votes key, and was imported as 0 labelled statements, exit code 0; an export labelled in part
+    # (keys present, some values empty) still imports its labelled rows
+    if one_of and not any(k in row for _, row in out for k in one_of):
+        raise DataError(f"{path}: no row has a {' or '.join(repr(k) for k in one_of)} key "
+                        f"(a file of statements, not of labels?)")
     return out
 
 

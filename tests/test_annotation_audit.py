@@ -191,6 +191,8 @@ def test_concurrent_imports_into_one_store_keep_both_annotators_labels(tmp_path)
     ("nolabel.csv", "statement,concept\nDogs bark.,dog\n", r"nolabel\.csv:1: header needs a column label or votes"),
     ("header.csv", "statement,concept,label\n", r"header\.csv: no rows below the header"),
     ("empty.jsonl", "", r"empty\.jsonl: no rows \(an empty file\)"),
+    ("nolabel.jsonl", '{"statement": "Dogs bark.", "concept": "dog"}\n',
+     r"nolabel\.jsonl: no row has a 'label' or 'votes' key"),
 ])
 def test_an_import_without_labels_is_an_error(tmp_path, name, text, pattern):
     (tmp_path / name).write_text(text)
@@ -198,6 +200,10 @@ def test_an_import_without_labels_is_an_error(tmp_path, name, text, pattern):
         import_annotations(tmp_path / name, tmp_path / "store.jsonl")
     assert not (tmp_path / "store.jsonl").exists()
     import_annotations(_write(tmp_path / "votes.csv", "statement,concept,votes\nDogs bark.,dog,true|true\n"))
+    # labelled in part: the labelled row imports, the row with an empty label is skipped as unlabelled
+    part = _write(tmp_path / "part.jsonl", '{"statement": "Dogs bark.", "concept": "dog", "label": "true"}\n'
+                                           '{"statement": "Cats purr.", "concept": "cat", "label": ""}\n')
+    assert [r["statement"] for r in import_annotations(part)] == ["Dogs bark."]
 
 
 def test_a_blind_import_without_rows_is_an_error(tmp_path):
