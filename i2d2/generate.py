@@ -52,16 +52,15 @@ def resolve_model(cfg) -> tuple[str, int | None]:
                                 "(no iter_*/model). Run `python -m i2d2.train iteration=0` first, set run_dir, "
                                 "or use generate.iteration=null for the base model.")
         k = have[-1]
-    path = run_dir / f"iter_{k}" / "model"
-    if not (path / "config.json").exists():
-        raise GenerateError(f"generate.iteration={k}: {path} does not exist (finished iterations in {run_dir}: "
-                            f"{have or 'none'})")
-    from i2d2.io import DataError, verify_recorded
+    from i2d2.io import DataError, iteration_model_dir, verified_iteration_model
 
     try:  # as its fine-tuning stage recorded it: a truncated safetensors failed in transformers, naming no file
-        verify_recorded(path, path.parent / "finetune")
+        path = verified_iteration_model(run_dir, k)
     except DataError as e:
         raise GenerateError(f"generate.iteration={k}: {e}") from None
+    if path is None:
+        raise GenerateError(f"generate.iteration={k}: {iteration_model_dir(run_dir, k)} does not exist (finished "
+                            f"iterations in {run_dir}: {have or 'none'})")
     return str(path), k
 
 

@@ -418,6 +418,23 @@ def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> 
     return True
 
 
+def iteration_model_dir(run_dir: str | os.PathLike, k: int) -> Path:
+    """Where iteration k's fine-tuning stage writes P_{k+1}: ``{run_dir}/iter_k/model`` (recorded in
+    ``iter_k/finetune/_DONE.json``)."""
+    return Path(run_dir) / f"iter_{k}" / "model"
+
+
+def verified_iteration_model(run_dir: str | os.PathLike, k: int) -> Path | None:
+    """Iteration k's model, for a command that loads it (iteration k+1, ``i2d2.generate``): its path once its files
+    match what iteration k's fine-tuning stage recorded (``verify_recorded``; DataError naming the first damaged
+    file), None when there is no model there (no ``config.json``) for the caller to say what to run."""
+    path = iteration_model_dir(run_dir, k)
+    if not (path / "config.json").exists():
+        return None
+    verify_recorded(path, path.parent / "finetune")
+    return path
+
+
 def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None,
               outside: Iterable[str | os.PathLike] = ()) -> None:
     """The _DONE marker: fingerprint, summary, and size + SHA-256 of every file the stage wrote (checked by

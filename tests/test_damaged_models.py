@@ -130,3 +130,35 @@ def test_start_up_hashes_the_previous_model_once_per_process(tmp_path, monkeypat
     _truncate(model_dir / "model.safetensors")  # changed since: checked again
     with pytest.raises(DataError):
         verify_recorded(model_dir, model_dir.parent / "finetune")
+
+
+def test_one_helper_finds_and_verifies_an_iteration_model(tmp_path, monkeypatch):
+    # the path of iteration k's model and its check against iter_k/finetune/_DONE.json were written out twice, in
+    # generics.generator_name and generate.resolve_model; both now ask i2d2.io.verified_iteration_model
+    import i2d2.io as io
+    import i2d2.recipes.generics as generics
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from i2d2.config import CONF_DIR
+    from i2d2.generate import resolve_model
+    from i2d2.io import verified_iteration_model
+
+    assert verified_iteration_model(tmp_path, 0) is None  # no model there: the caller says what to run
+    model_dir = _finished_iteration(tmp_path)
+    assert verified_iteration_model(tmp_path, 0) == model_dir
+    calls = []
+    real = io.verified_iteration_model
+    spy = lambda run_dir, k: calls.append(k) or real(run_dir, k)  # noqa: E731
+    monkeypatch.setattr(io, "verified_iteration_model", spy)
+    monkeypatch.setattr(generics, "verified_iteration_model", spy)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=tiny_gpt2", f"run_dir={tmp_path}", "iteration=1"])
+    assert generics.generator_name(cfg, 1) == str(model_dir)
+    gcfg = OmegaConf.create({"run_dir": str(tmp_path), "model": {"name": "tiny:gpt2"},
+                             "generate": {"model": None, "iteration": 0}})
+    assert resolve_model(gcfg) == (str(model_dir), 0)
+    assert calls == [0, 0]
+    _truncate(model_dir / "model.safetensors")
+    with pytest.raises(DataError, match=r"iter_0/model/model\.safetensors is damaged"):
+        real(tmp_path, 0)

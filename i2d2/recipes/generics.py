@@ -46,8 +46,9 @@ from omegaconf import DictConfig, OmegaConf
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
-from i2d2.io import DONE, DataError, fingerprint, in_run, mark_done, model_fingerprint, prepare_stage, read_json, \
-    read_jsonl, read_table, run_relative, run_stage, stage_done, verify_recorded, write_json, write_jsonl, write_text
+from i2d2.io import DONE, DataError, fingerprint, in_run, iteration_model_dir, mark_done, model_fingerprint, \
+    prepare_stage, read_json, read_jsonl, read_table, run_relative, run_stage, stage_done, verified_iteration_model, \
+    write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -192,28 +193,23 @@ def check_config(cfg: DictConfig) -> None:
     check_strategy(OmegaConf.to_container(cfg.trainer, resolve=True))
 
 
-def model_dir(run_dir: str | Path, k: int) -> Path:
-    """Where iteration k writes P_{k+1}."""
-    return Path(run_dir) / f"iter_{k}" / "model"
-
-
 def generator_name(cfg: DictConfig, k: int) -> str:
-    """P_k: the configured base LM for k = 0, else the model iteration k-1 wrote."""
+    """P_k: the configured base LM for k = 0, else the model iteration k-1 wrote (its files as the fine-tuning stage
+    recorded them: a truncated safetensors failed in transformers, naming no file)."""
     if k == 0:
         return str(cfg.model.name)
-    prev = model_dir(cfg.run_dir, k - 1)
-    if not (prev / "config.json").exists():
-        have = sorted(p.parent.parent.name for p in Path(cfg.run_dir).glob("iter_*/model/config.json"))
-        raise MissingIterationError(
-            f"iteration={k} starts from iteration {k - 1}'s model, but {prev} does not exist "
-            f"(run_dir={cfg.run_dir}; finished iterations there: {have or 'none'}). "
-            f"Run `python -m i2d2.train iteration={k - 1}` first with the same run_dir, or set iteration/run_dir.")
-    try:  # its files as the fine-tuning stage recorded them: a truncated safetensors failed in transformers, unnamed
-        verify_recorded(prev, prev.parent / "finetune")
+    try:
+        prev = verified_iteration_model(cfg.run_dir, k - 1)
     except DataError as e:
         raise MissingIterationError(f"iteration={k} starts from iteration {k - 1}'s model: {e}. Run "
                                     f"`python -m i2d2.train iteration={k - 1}` again with the same run_dir "
                                     "(its fine-tuning is redone)") from None
+    if prev is None:
+        have = sorted(p.parent.parent.name for p in Path(cfg.run_dir).glob("iter_*/model/config.json"))
+        raise MissingIterationError(
+            f"iteration={k} starts from iteration {k - 1}'s model, but {iteration_model_dir(cfg.run_dir, k - 1)} "
+            f"does not exist (run_dir={cfg.run_dir}; finished iterations there: {have or 'none'}). "
+            f"Run `python -m i2d2.train iteration={k - 1}` first with the same run_dir, or set iteration/run_dir.")
     return str(prev)
 
 
@@ -938,12 +934,13 @@ def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks:
                 f"iteration {k}: no generation passed the filter ({kept_path} is empty), so there is nothing to "
                 "fine-tune on. Lower task.filter.delta, raise task.max_prompts, or set task.filter.require_constraints=false.")
         model, tok = lm()
-        return finetune(model, tok, rows, d, model_dir(cfg.run_dir, k), ft, tc, logger=logger, seed=int(cfg.seed) + k,
+        return finetune(model, tok, rows, d, iteration_model_dir(cfg.run_dir, k), ft, tc, logger=logger,
+                        seed=int(cfg.seed) + k,
                         meta={"iteration": k, "base_model": model_key if not Path(model_key).exists() else None,
                               "trained_from": run_relative(lm.name, cfg.run_dir)})
 
     # P_{k+1} lives outside finetune/: a redo removes it first, so iteration k+1 never starts from a stale model
-    return stage(ranks, out, fp, fn, "finetune", all_ranks=True, outputs=(model_dir(cfg.run_dir, k),))
+    return stage(ranks, out, fp, fn, "finetune", all_ranks=True, outputs=(iteration_model_dir(cfg.run_dir, k),))
 
 
 def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict, ft: dict, prompts: dict,
@@ -1004,7 +1001,7 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
         held["critic_accepted_rate_proxy"] = float(np.mean(s > float(filt["delta"])))
     metrics = {
         "iteration": k, "generator": run_relative(generator, cfg.run_dir),  # paths: relative to run_dir
-        "next_model": run_relative(model_dir(cfg.run_dir, k), cfg.run_dir),
+        "next_model": run_relative(iteration_model_dir(cfg.run_dir, k), cfg.run_dir),
         "n_prompts": int(gen.get("n_prompts", prompts.get("n_prompts", 0))), "n_generations": n_gen,
         "constraint_satisfaction_rate": float(gen.get("constraint_satisfaction_rate", float("nan"))),
         "prompts_per_s": gen.get("prompts_per_s"),
@@ -1101,7 +1098,7 @@ def _iteration(cfg: DictConfig, k: int, ranks: Ranks, it_dir: Path, generator: s
     ft = timed("finetune", lambda: finetune_stage(cfg, k, it_dir, model_key, lm, logger, ranks))
     if ranks.zero:  # opt-in (log_artifacts: true in the W&B logger config)
         tracker.log_artifact(f"kept-iter{k}", it_dir / "filtered" / "kept", "dataset")
-        tracker.log_artifact(f"model-iter{k}", model_dir(cfg.run_dir, k), "model")
+        tracker.log_artifact(f"model-iter{k}", iteration_model_dir(cfg.run_dir, k), "model")
     result: dict = {"iteration": k}
     if ranks.zero:
         result = timed("report", lambda: report_stage(cfg, k, it_dir, gen, critic, filt, ft, prompts, held, generator,
