@@ -39,11 +39,19 @@ def _iterations(run_dir: Path) -> list[int]:
 
 
 def resolve_model(cfg) -> tuple[str, int | None]:
+    """The model to generate with: ``generate.model`` (a name or a folder), else ``generate.iteration=k`` (iteration
+    k's model in run_dir; -1 the newest), else ``model.name``; and the iteration it is, when known. A folder a run's
+    fine-tuning stage recorded (``<run>/iter_k/model`` however it is named) is checked against that record first."""
+    from i2d2.io import DataError, iteration_model_dir, verified_iteration_model, verify_model_folder
+
     g, run_dir = cfg.generate, Path(cfg.run_dir)
-    if g.get("model"):
-        return str(g.model), None
-    if g.get("iteration") is None:
-        return str(cfg.model.name), None
+    if g.get("model") or g.get("iteration") is None:
+        key, name = ("generate.model", str(g.model)) if g.get("model") else ("model.name", str(cfg.model.name))
+        try:  # a truncated safetensors failed in transformers, naming no file; a hand-made folder: unchecked
+            verify_model_folder(Path(name).expanduser())
+        except DataError as e:
+            raise GenerateError(f"{key}={name}: {e}") from None
+        return name, None
     have = _iterations(run_dir)
     k = int(g.iteration)
     if k == -1:
@@ -52,8 +60,6 @@ def resolve_model(cfg) -> tuple[str, int | None]:
                                 "(no iter_*/model). Run `python -m i2d2.train iteration=0` first, set run_dir, "
                                 "or use generate.iteration=null for the base model.")
         k = have[-1]
-    from i2d2.io import DataError, iteration_model_dir, verified_iteration_model
-
     try:  # as its fine-tuning stage recorded it: a truncated safetensors failed in transformers, naming no file
         path = verified_iteration_model(run_dir, k)
     except DataError as e:

@@ -431,8 +431,17 @@ def verified_iteration_model(run_dir: str | os.PathLike, k: int) -> Path | None:
     path = iteration_model_dir(run_dir, k)
     if not (path / "config.json").exists():
         return None
-    verify_recorded(path, path.parent / "finetune")
+    verify_model_folder(path)
     return path
+
+
+def verify_model_folder(folder: str | os.PathLike) -> bool:
+    """A model folder given by path (``generate.model=<run>/iter_0/model``), checked like ``verified_iteration_model``
+    when it is where a fine-tuning stage wrote it: ``<parent>/finetune/_DONE.json`` records its files (DataError
+    naming the first damaged one). False for a folder with no such marker beside it (one made by hand): loaded
+    unchecked, as before."""
+    folder = Path(folder)
+    return folder.is_dir() and verify_recorded(folder, folder.parent / "finetune")
 
 
 def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None,

@@ -162,3 +162,30 @@ def test_one_helper_finds_and_verifies_an_iteration_model(tmp_path, monkeypatch)
     _truncate(model_dir / "model.safetensors")
     with pytest.raises(DataError, match=r"iter_0/model/model\.safetensors is damaged"):
         real(tmp_path, 0)
+
+
+@pytest.mark.parametrize("key", ["generate.model", "model.name"])
+def test_generate_checks_a_run_model_given_as_a_folder(tmp_path, key):
+    # generate.model=<run>/iter_0/model (or model.name=... with no generate.iteration) loaded the folder unchecked:
+    # a truncated safetensors was transformers' error, naming no file. A folder with no marker loads as before.
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    from i2d2.generate import GenerateError, resolve_model
+
+    model_dir = _finished_iteration(tmp_path / "run")
+    by_hand = tmp_path / "mine"
+    shutil.copytree(model_dir, by_hand)
+
+    def cfg(folder):
+        gen = {"model": str(folder) if key == "generate.model" else None, "iteration": None}
+        name = str(folder) if key == "model.name" else "tiny:gpt2"
+        return OmegaConf.create({"run_dir": str(tmp_path / "other"), "model": {"name": name}, "generate": gen})
+
+    assert resolve_model(cfg(model_dir)) == (str(model_dir), None)
+    _truncate(model_dir / "model.safetensors")
+    _truncate(by_hand / "model.safetensors")
+    with pytest.raises(GenerateError, match=rf"{key}=.*iter_0/model: .*iter_0/model/model\.safetensors is damaged"):
+        resolve_model(cfg(model_dir))
+    assert resolve_model(cfg(by_hand)) == (str(by_hand), None)  # no finetune/_DONE.json beside it: unchecked
