@@ -28,6 +28,17 @@ class DataError(ValueError):
     """Bad input, with the file and line (or field) it came from."""
 
 
+class DamagedOutputError(DataError):
+    """``verify_recorded``: a file under ``folder`` differs from what the stage that wrote it recorded in ``marker``.
+    ``damage`` names the file; the message adds what to do when the change was deliberate (a model replaced by hand
+    in place): the marker is what makes the folder checked, so deleting it loads the folder unchecked."""
+
+    def __init__(self, damage: str, marker: Path, folder: Path):
+        self.damage, self.marker, self.folder = damage, Path(marker), Path(folder)
+        super().__init__(f"{damage}. If {folder} was replaced on purpose, delete {marker} to load it unchecked "
+                         f"(rerunning the stage in {self.marker.parent} would still redo it and overwrite {folder})")
+
+
 # ----------------------------------------------------------------------------- reading text
 
 def text_lines(path: str | os.PathLike) -> Iterator[str]:
@@ -387,7 +398,8 @@ def _stat_key(p: Path) -> tuple:
 def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> bool:
     """Check the files under ``folder`` against the size + SHA-256 that the stage in ``stage_dir`` recorded when it
     finished (``mark_done``), before another stage or command loads them (an iteration's model, an adapter); raise
-    DataError naming the first damaged file. False when ``stage_dir`` has no marker (a folder put there by hand).
+    DamagedOutputError (a DataError) naming the first damaged file. False when ``stage_dir`` has no marker (a folder put
+    there by hand, or one whose marker was deleted to load a deliberate replacement unchecked).
     Files are matched to ``folder`` by path as recorded (not resolved: a weights file that is a link to a blob is
     still checked), and a folder already found intact in this process, unchanged since (size, mtime, inode), is not
     hashed again (start-up, the run and each iteration ask for the same model)."""
@@ -412,8 +424,9 @@ def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> 
     damaged = _changed_outputs(stage_dir, mine)
     if damaged:
         rel, why = damaged[0]
-        raise DataError(f"{os.path.normpath(stage_dir / rel)} is damaged ({why}; recorded in {marker} when the "
-                        f"stage finished){f' and {len(damaged) - 1} more file(s)' if len(damaged) > 1 else ''}")
+        more = f" and {len(damaged) - 1} more file(s)" if len(damaged) > 1 else ""
+        raise DamagedOutputError(f"{os.path.normpath(stage_dir / rel)} is damaged ({why}; recorded in {marker} when "
+                                 f"the stage finished){more}", marker, folder)
     _VERIFIED[key] = True
     return True
 

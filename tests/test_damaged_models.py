@@ -189,3 +189,52 @@ def test_generate_checks_a_run_model_given_as_a_folder(tmp_path, key):
     with pytest.raises(GenerateError, match=rf"{key}=.*iter_0/model: .*iter_0/model/model\.safetensors is damaged"):
         resolve_model(cfg(model_dir))
     assert resolve_model(cfg(by_hand)) == (str(by_hand), None)  # no finetune/_DONE.json beside it: unchecked
+
+
+def test_a_model_replaced_on_purpose_gets_advice_naming_the_marker(tmp_path):
+    # a model replaced by hand in place under its old finetune marker was refused as "damaged", with only the advice
+    # to rerun the previous iteration (which fine-tunes over the replacement). Still refused; the message now also
+    # says that deleting the marker (named) loads the folder unchecked, and that the marker is all that checks it.
+    import json
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from i2d2.config import CONF_DIR
+    from i2d2.generate import GenerateError, resolve_model
+    from i2d2.recipes.generics import MissingIterationError, generator_name
+
+    model_dir = _finished_iteration(tmp_path)
+    marker = tmp_path / "iter_0" / "finetune" / "_DONE.json"
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "n_layer": 1}))  # another model, same place
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=tiny_gpt2", f"run_dir={tmp_path}", "iteration=1"])
+    with pytest.raises(MissingIterationError) as e:
+        generator_name(cfg, 1)
+    msg = str(e.value)
+    assert "config.json is damaged" in msg and "iteration=0` again" in msg
+    assert f"replaced {model_dir} on purpose, delete {marker} and run iteration=1 again" in msg
+    assert "rerunning iteration 0 would redo its fine-tuning" in msg
+    gcfg = OmegaConf.create({"run_dir": str(tmp_path), "model": {"name": "tiny:gpt2"},
+                             "generate": {"model": None, "iteration": 0}})
+    with pytest.raises(GenerateError, match=rf"on purpose, delete {marker} to load it unchecked"):
+        resolve_model(gcfg)
+    marker.unlink()
+    assert generator_name(cfg, 1) == str(model_dir)  # the marker was all that made it checked
+    assert resolve_model(gcfg) == (str(model_dir), 0)
+
+
+def test_a_replaced_negverse_adapter_gets_the_same_advice(tmp_path):
+    from i2d2.io import DamagedOutputError
+    from i2d2.negverse.model import NegVerseLM
+
+    adapter = tmp_path / "train" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "negverse.json").write_text('{"base_model": "nonexistent"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
+    mark_done(tmp_path / "train", "fp", {})
+    (adapter / "adapter_model.safetensors").write_bytes(b"1" * 1000)
+    marker = tmp_path / "train" / "_DONE.json"
+    with pytest.raises(DamagedOutputError, match=rf"If {adapter} was replaced on purpose, delete {marker} to load it"):
+        NegVerseLM.load(adapter)

@@ -46,9 +46,9 @@ from omegaconf import DictConfig, OmegaConf
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
-from i2d2.io import DONE, DataError, fingerprint, in_run, iteration_model_dir, mark_done, model_fingerprint, \
-    prepare_stage, read_json, read_jsonl, read_table, run_relative, run_stage, stage_done, verified_iteration_model, \
-    write_json, write_jsonl, write_text
+from i2d2.io import DONE, DamagedOutputError, DataError, fingerprint, in_run, iteration_model_dir, mark_done, \
+    model_fingerprint, prepare_stage, read_json, read_jsonl, read_table, run_relative, run_stage, stage_done, \
+    verified_iteration_model, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,12 @@ def generator_name(cfg: DictConfig, k: int) -> str:
         return str(cfg.model.name)
     try:
         prev = verified_iteration_model(cfg.run_dir, k - 1)
+    except DamagedOutputError as e:  # the marker is what makes the model checked: without it, loaded as it is
+        raise MissingIterationError(
+            f"iteration={k} starts from iteration {k - 1}'s model: {e.damage}. If it was damaged, run "
+            f"`python -m i2d2.train iteration={k - 1}` again with the same run_dir (its fine-tuning is redone). If "
+            f"you replaced {e.folder} on purpose, delete {e.marker} and run iteration={k} again: the folder is then "
+            f"used unchecked (rerunning iteration {k - 1} would redo its fine-tuning over your model)") from None
     except DataError as e:
         raise MissingIterationError(f"iteration={k} starts from iteration {k - 1}'s model: {e}. Run "
                                     f"`python -m i2d2.train iteration={k - 1}` again with the same run_dir "
