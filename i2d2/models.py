@@ -194,12 +194,39 @@ def load_causal_lm(name: str, *, cache: str | None = None, dtype=None):
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except Exception as e:  # a damaged local folder (truncated weights): transformers' message names no file
-        if not Path(path).is_dir():
-            raise
+        if not (Path(path).is_dir() and unreadable_model_files(e)):
+            raise  # out of memory, a CUDA error, a bug: as raised, not "cannot load"
         from i2d2.io import DataError
 
         raise DataError(f"cannot load the causal LM in {path}: {type(e).__name__}: {e}") from e
     return model, _prepare_tokenizer(tok, model)
+
+
+# what a RuntimeError from from_pretrained says when the files are at fault: a truncated or non-zip pytorch_model.bin
+# (torch.load), weights whose shapes are not the config's
+_FILE_RUNTIME_ERRORS = ("PytorchStreamReader", "ignore_mismatched_sizes", "size mismatch")
+
+
+def unreadable_model_files(e: BaseException) -> bool:
+    """Whether an error from ``from_pretrained`` on a local folder means its files are unreadable or invalid (what
+    transformers raises for them, tried on a tiny model: a truncated or garbled safetensors is a SafetensorError, a
+    truncated config.json an OSError, one of wrong values a StrictDataclassError or ValueError, a tokenizer.json or
+    tokenizer_config.json of the wrong shape a KeyError, TypeError or AttributeError, a truncated pytorch_model.bin a
+    RuntimeError from PytorchStreamReader, weights of other shapes a RuntimeError about ignore_mismatched_sizes).
+    Out of memory (torch.OutOfMemoryError, MemoryError), a CUDA / accelerator error or any other RuntimeError is not."""
+    import pickle
+
+    import huggingface_hub.errors
+    import torch
+    from safetensors import SafetensorError
+
+    if isinstance(e, (torch.OutOfMemoryError, MemoryError, getattr(torch, "AcceleratorError", MemoryError))):
+        return False
+    config_value = getattr(huggingface_hub.errors, "StrictDataclassError", ValueError)  # huggingface_hub >= 0.35
+    if isinstance(e, (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError, pickle.UnpicklingError,
+                      SafetensorError, config_value)):
+        return True
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in _FILE_RUNTIME_ERRORS)
 
 
 def _prepare_tokenizer(tok, model=None):

@@ -238,3 +238,67 @@ def test_a_replaced_negverse_adapter_gets_the_same_advice(tmp_path):
     marker = tmp_path / "train" / "_DONE.json"
     with pytest.raises(DamagedOutputError, match=rf"If {adapter} was replaced on purpose, delete {marker} to load it"):
         NegVerseLM.load(adapter)
+
+
+def _damage_bin(d):  # the weights as a truncated pytorch_model.bin (torch.load's zip reader fails)
+    import torch
+
+    from i2d2.models import tiny_model
+
+    (d / "model.safetensors").unlink()
+    torch.save(tiny_model("gpt2")[0].state_dict(), d / "pytorch_model.bin")
+    _truncate(d / "pytorch_model.bin")
+
+
+def _set_json(name, **changes):
+    def damage(d):
+        import json
+
+        (d / name).write_text(json.dumps({**json.loads((d / name).read_text()), **changes}))
+    return damage
+
+
+@pytest.mark.parametrize("damage", [
+    lambda d: _truncate(d / "model.safetensors"),                             # SafetensorError
+    lambda d: (d / "model.safetensors").write_bytes(b"x" * 5000),            # SafetensorError
+    lambda d: (d / "config.json").write_text("{\"model_type\": "),           # OSError (not valid JSON)
+    lambda d: (d / "config.json").write_text("{\"n_embd\": 8}"),             # ValueError (no model_type)
+    _set_json("config.json", vocab_size="abc"),                               # StrictDataclassFieldValidationError
+    _set_json("config.json", n_embd=128),                                     # RuntimeError: ignore_mismatched_sizes
+    lambda d: (d / "tokenizer.json").write_text("{}"),                       # KeyError 'added_tokens'
+    lambda d: (d / "tokenizer_config.json").write_text("{"),                 # JSONDecodeError
+    lambda d: (d / "tokenizer_config.json").write_text("[]"),                # AttributeError
+    _damage_bin,                                                              # RuntimeError: PytorchStreamReader
+], ids=["truncated-safetensors", "garbage-safetensors", "truncated-config", "config-no-model-type",
+        "config-bad-value", "config-other-shapes", "tokenizer-json-shape", "tokenizer-config-truncated",
+        "tokenizer-config-shape", "truncated-bin"])
+def test_unreadable_model_files_are_a_data_error(tmp_path, damage):
+    from i2d2.models import load_causal_lm
+
+    model_dir = _finished_iteration(tmp_path)
+    damage(model_dir)
+    with pytest.raises(DataError, match=rf"cannot load the causal LM in {model_dir}"):
+        load_causal_lm(str(model_dir))
+
+
+@pytest.mark.parametrize("error", [
+    lambda: __import__("torch").OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    lambda: RuntimeError("CUDA error: an illegal memory access was encountered"),
+    lambda: MemoryError()], ids=["oom", "cuda", "memory"])
+def test_out_of_memory_or_a_device_error_while_loading_is_not_cannot_load(tmp_path, monkeypatch, error):
+    # the loader caught every Exception from a local folder and called it "cannot load the causal LM in <folder>":
+    # running out of GPU memory read as damaged files. Only errors about the files are wrapped now.
+    import transformers
+
+    from i2d2.models import load_causal_lm
+
+    model_dir = _finished_iteration(tmp_path)
+    raised = error()
+
+    def fail(*a, **k):
+        raise raised
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fail)
+    with pytest.raises(type(raised)) as e:
+        load_causal_lm(str(model_dir))
+    assert e.value is raised
