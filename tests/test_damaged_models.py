@@ -302,3 +302,49 @@ def test_out_of_memory_or_a_device_error_while_loading_is_not_cannot_load(tmp_pa
     with pytest.raises(type(raised)) as e:
         load_causal_lm(str(model_dir))
     assert e.value is raised
+
+
+# ----------------------------------------------------------------------------- the commands
+
+def _files(root):
+    """Every file under a run folder with its bytes, but Hydra's per-command log folder and the run_dir lock file
+    (what any launch writes, failed or not)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.relative_to(root).parts[0] != "hydra" and p.name != ".i2d2.lock"}
+
+
+def test_train_next_iteration_on_a_damaged_model_exits_2_naming_the_file(tmp_path):
+    # python -m i2d2.train iteration=1 on a run whose iter_0/model/model.safetensors was truncated: one `error:` line
+    # naming the file, exit 2, at start-up; the run folder is left as it was (no iter_1, iter_0 untouched)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from process_env import launch_env
+
+    run = tmp_path / "run"
+    model_dir = _finished_iteration(run)
+    _truncate(model_dir / "model.safetensors")
+    before = _files(run)
+    r = subprocess.run([sys.executable, "-m", "i2d2.train", "iteration=1", f"run_dir={run}", "model=tiny_gpt2",
+                        "critic=tiny", "logger=none"], capture_output=True, text=True, timeout=120, env=launch_env(),
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert f"error: iteration=1 starts from iteration 0's model: {model_dir}/model.safetensors is damaged" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert _files(run) == before
+
+
+def test_negate_with_a_damaged_adapter_exits_2_naming_the_file(tmp_path, capsys):
+    from i2d2.negate import main
+
+    adapter = tmp_path / "train" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "negverse.json").write_text('{"base_model": "tiny:gpt2"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
+    mark_done(tmp_path / "train", "fp", {})
+    _truncate(adapter / "adapter_model.safetensors")
+    assert main(["The shop is open.", "--adapter", str(adapter)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {adapter}/adapter_model.safetensors is damaged (100 bytes, 1000 recorded" in err
+    assert f"delete {tmp_path / 'train' / '_DONE.json'}" in err
