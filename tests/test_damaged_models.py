@@ -348,3 +348,20 @@ def test_negate_with_a_damaged_adapter_exits_2_naming_the_file(tmp_path, capsys)
     err = capsys.readouterr().err
     assert f"error: {adapter}/adapter_model.safetensors is damaged (100 bytes, 1000 recorded" in err
     assert f"delete {tmp_path / 'train' / '_DONE.json'}" in err
+
+
+def test_another_runs_model_as_the_base_lm_is_checked(tmp_path):
+    # model.name=<other run>/iter_0/model for iteration=0 was loaded unchecked (a truncated safetensors failed in
+    # transformers, naming no file); now checked against that run's fine-tuning record, naming model.name
+    from hydra import compose, initialize_config_dir
+
+    from i2d2.config import CONF_DIR, ConfigError
+    from i2d2.recipes.generics import generator_name
+
+    model_dir = _finished_iteration(tmp_path / "other")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model.name={model_dir}", f"run_dir={tmp_path / 'run'}", "iteration=0"])
+    assert generator_name(cfg, 0) == str(model_dir)
+    _truncate(model_dir / "model.safetensors")
+    with pytest.raises(ConfigError, match=rf"model\.name: {model_dir}/model\.safetensors is damaged"):
+        generator_name(cfg, 0)

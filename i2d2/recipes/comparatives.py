@@ -37,8 +37,8 @@ from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
 from i2d2.tracking import publish_report
-from i2d2.io import DataError, fingerprint, in_run, model_fingerprint, read_jsonl, run_relative, run_stage, stream_jsonl, \
-    write_json, write_jsonl, write_text
+from i2d2.io import DataError, fingerprint, in_run, iteration_model_dir, model_fingerprint, read_jsonl, run_relative, \
+    run_stage, stream_jsonl, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 # runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
@@ -70,7 +70,7 @@ def check_config(cfg) -> None:
     need(is_int(first) and first >= 0, "iteration", f"must be an integer >= 0, got {first!r}")
     need(is_int(n) and n >= 1, "num_iterations", f"must be an integer >= 1, got {n!r}")
     for k in range(max(first, 1), first + n):  # nothing here writes a model
-        prev = Path(cfg.run_dir) / f"iter_{k - 1}" / "model"
+        prev = iteration_model_dir(cfg.run_dir, k - 1)
         need((prev / "config.json").exists(), "iteration" if k == first else "num_iterations",
              f"iteration {k} generates with {prev}, which does not exist: NeuroComparatives has no fine-tuning step "
              "to write it (run iteration=0 num_iterations=1, or put a model there)")
@@ -460,7 +460,7 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
 def _model_name(cfg, k: int) -> str:
     if k == 0:
         return cfg.model.name
-    prev = Path(cfg.run_dir) / f"iter_{k - 1}" / "model"
+    prev = iteration_model_dir(cfg.run_dir, k - 1)
     if not (prev / "config.json").exists():
         raise FileNotFoundError(f"iteration {k} needs the generator of iteration {k - 1} in {prev}; NeuroComparatives "
                                 f"itself has no fine-tuning step, run iteration=0 (or put a model there)")
