@@ -384,7 +384,7 @@ def source_statements(paths: Sequence[str | Path] | None) -> list[dict]:
         paths = [Path(__file__).resolve().parent.parent / "i2d2" / "data" / "comparatives" / "annotations_gemma.jsonl"]
     rows = []
     for path in paths:
-        for n, row in enumerate(read_jsonl(Path(path)), 1):
+        for n, row in enumerate(read_jsonl(Path(path).expanduser()), 1):  # '~/' as the start-up check reads it
             if not isinstance(row.get("statement"), str) or not row["statement"].strip():
                 raise ValueError(f"{path}:{n}: key 'statement' missing or empty (cross-encoder training statements)")
             if str(row.get("label", "")).lower() != "invalid":
@@ -450,8 +450,9 @@ def cross_encoder_dir(cfg: dict, scorer: ComparativeDirectionScorer) -> Path:
     from i2d2.models import cache_dir
 
     if cfg["dir"]:
-        return Path(cfg["dir"])
-    sources = [Path(p) for p in (cfg["statements"] or [])] or ["bundled"]
+        return Path(cfg["dir"]).expanduser()
+    # the files read (source_statements), so that their bytes are fingerprinted: a '~/' path was hashed as missing
+    sources = [Path(p).expanduser() for p in (cfg["statements"] or [])] or ["bundled"]
     lexicon = {phrase: sorted(senses) for phrase, senses in sorted(scorer.lexicon.items())}
     fp = fingerprint({k: v for k, v in cfg.items() if k != "dir"}, *sources, lexicon, scorer.pattern.pattern,
                      "rule-pairs-v2")  # v2: split by entity

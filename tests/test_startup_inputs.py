@@ -1,6 +1,8 @@
 """Inputs the loop reads only after generation (or after the LM loads), read at start-up now: each bad one is
 refused by the recipe's check_config, naming its key (and file:line), before anything loads or is overwritten."""
 
+import json
+
 import pytest
 
 from i2d2.config import CONF_DIR, ConfigError
@@ -150,3 +152,37 @@ def test_comparatives_start_up_does_not_build_every_pair(tmp_path, monkeypatch):
 
     monkeypatch.setattr(C, "make_pairs", lambda *a, **k: (_ for _ in ()).throw(AssertionError("pairs built")))
     C.check_config(_cfg(tmp_path, "task=comparatives", "task.qa.benchmark=false"))
+
+
+def test_home_relative_input_paths_are_read_where_start_up_found_them(tmp_path, monkeypatch):
+    # '~/' passed the start-up existence checks (which expand it), then the readers opened a literal './~/...'
+    # (FileNotFoundError in the prompts stage; the cross-encoder's statements once the contradiction stage began)
+    from critics.contradiction import ComparativeDirectionScorer, cross_encoder_config, cross_encoder_dir, \
+        source_statements
+    from i2d2.recipes.comparatives import check_config, entity_classes
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)  # where a literal '~' would be looked for
+    (home / "corpus.txt").write_text("A car and a bicycle.\nCars, bicycles and a motorcycle.\n")
+    (home / "statements.jsonl").write_text(json.dumps({"statement": "Compared to bikes, cars are usually faster."})
+                                           + "\n")
+    cfg = _cfg(tmp_path, "task=comparatives", "task.qa.benchmark=false", "task.filters.discriminator.enabled=false",
+               "data.entity_filter.source='~/corpus.txt'", "data.entity_filter.min_count=1",
+               "task.filters.contradiction.scorer=cross_encoder",
+               "task.filters.contradiction.cross_encoder.statements=['~/statements.jsonl']",
+               "task.filters.contradiction.cross_encoder.dir='~/ce'")
+    check_config(cfg)
+    classes, _, freq = entity_classes(cfg)  # the prompts stage's reader
+    assert freq["n_entities_out"] == 3 and {e.name for e in classes["road vehicle"]} == {"car", "bicycle", "motorcycle"}
+    ce = cross_encoder_config(cfg.task.filters.contradiction.cross_encoder)
+    assert [r["statement"] for r in source_statements(ce["statements"])] == [
+        "Compared to bikes, cars are usually faster."]
+    assert cross_encoder_dir(ce, ComparativeDirectionScorer()) == home / "ce"
+    # the cache folder's name fingerprints the statements' bytes (a '~/' file was hashed as missing)
+    ce["dir"] = None
+    before = cross_encoder_dir(ce, ComparativeDirectionScorer())
+    (home / "statements.jsonl").write_text(json.dumps({"statement": "Compared to cars, bikes are usually slower."})
+                                           + "\n")
+    assert cross_encoder_dir(ce, ComparativeDirectionScorer()) != before

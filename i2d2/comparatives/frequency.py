@@ -59,7 +59,7 @@ def corpus_counts(entities: list[Entity], path: str | Path) -> np.ndarray:
     """Occurrences of each entity (singular + plural) as word n-grams in a text file, case-insensitive."""
     from sklearn.feature_extraction.text import CountVectorizer
 
-    path = Path(path)
+    path = Path(str(path)).expanduser()  # as the start-up check (data.entity_filter.source) resolves it
     if not path.is_file():
         raise FileNotFoundError(f"entity frequency corpus not found: {path}")
     forms = _surface_forms(entities)
