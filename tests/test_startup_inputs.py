@@ -64,11 +64,9 @@ NC = [
     # named the generated prompts.jsonl, at generation, not the key
     ("task.constraints.order.aux=[0]", r"task\.constraints: aux: positions must be a non-empty list of ints"),
     ("+task.constraints.order.bogus=[1]", r"task\.constraints\.order: must map some of"),
-    # scikit-learn's split failed on it once the contradiction stage had begun; a missing file there too
+    # scikit-learn's split failed on it once the contradiction stage had begun
     ("task.filters.contradiction.cross_encoder.val_fraction=2",
      r"task\.filters\.contradiction\.cross_encoder\.val_fraction: must be in \(0, 1\), got 2"),
-    ("task.filters.contradiction.cross_encoder.statements=[{t}/missing.jsonl]",
-     r"task\.filters\.contradiction\.cross_encoder\.statements: .*missing\.jsonl is not a file"),
     ("task.filters.contradiction.cross_encoder.lr=0", r"cross_encoder\.lr: must be > 0"),
     ("task.filters.contradiction.cross_encoder.max_steps=0", r"cross_encoder\.max_steps: must be -1"),
 ]
@@ -186,3 +184,21 @@ def test_home_relative_input_paths_are_read_where_start_up_found_them(tmp_path, 
     (home / "statements.jsonl").write_text(json.dumps({"statement": "Compared to cars, bikes are usually slower."})
                                            + "\n")
     assert cross_encoder_dir(ce, ComparativeDirectionScorer()) != before
+
+
+def test_cross_encoder_statements_files_are_checked_only_for_the_cross_encoder(labels):
+    # the existence check sat in CrossEncoderConfig.__post_init__: a missing file was refused even with another
+    # scorer, which never reads it; the value ranges are still checked whichever scorer is chosen
+    from i2d2.recipes.comparatives import check_config
+
+    missing = f"task.filters.contradiction.cross_encoder.statements=[{labels}/missing.jsonl]"
+    base = ("task=comparatives", "task.qa.benchmark=false", "task.filters.discriminator.enabled=false", missing)
+    for scorer in ("offline", "roberta-large-mnli"):
+        check_config(_cfg(labels, *base, f"task.filters.contradiction.scorer={scorer}"))
+        with pytest.raises(ConfigError, match=r"^task\.filters\.contradiction\.cross_encoder\.lr: must be > 0"):
+            check_config(_cfg(labels, *base, f"task.filters.contradiction.scorer={scorer}",
+                              "task.filters.contradiction.cross_encoder.lr=0"))
+    for scorer in ("cross_encoder", "null"):  # null: load_contradiction_scorer's default, the cross-encoder
+        with pytest.raises(ConfigError, match=r"^task\.filters\.contradiction\.cross_encoder\.statements: "
+                                              r".*missing\.jsonl is not a file"):
+            check_config(_cfg(labels, *base, f"task.filters.contradiction.scorer={scorer}"))

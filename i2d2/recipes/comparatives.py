@@ -108,7 +108,8 @@ def check_config(cfg) -> None:
     try:  # the discriminator's critic (the shared config with the task's overrides), the contradiction
         # cross-encoder and the decoding settings
         ccfg = fill(CriticConfig, critic_cfg(cfg), where="critic")
-        fill(CrossEncoderConfig, task.filters.contradiction.cross_encoder, where="task.filters.contradiction.cross_encoder")
+        ce = fill(CrossEncoderConfig, task.filters.contradiction.cross_encoder,
+                  where="task.filters.contradiction.cross_encoder")
         DecodingConfig(**_plain(cfg.decoding))
     except (TypeError, ValueError) as e:
         msg = str(e)
@@ -123,6 +124,11 @@ def check_config(cfg) -> None:
         v = data.get(key)
         need(v is None or (is_int(v) and v >= 1), f"data.{key}", f"must be null (all) or an integer >= 1, got {v!r}")
     con = task.filters.contradiction
+    if con.get("scorer") in (None, "", "cross_encoder"):  # load_contradiction_scorer's names for the cross-encoder:
+        # it trains on these files (its cache is looked up by their bytes) once the contradiction stage has begun
+        for path in ce["statements"] or []:
+            need(Path(str(path)).expanduser().is_file(), "task.filters.contradiction.cross_encoder.statements",
+                 f"{path} is not a file (jsonl rows with a 'statement', which the cross-encoder scorer trains on)")
     for key in ("contradiction_threshold", "entailment_threshold"):  # probabilities: above 1 flags nothing, silently
         need(is_num(con[key]) and 0 <= con[key] <= 1, f"task.filters.contradiction.{key}",
              f"must be a probability in [0, 1], got {con[key]!r}")
