@@ -186,12 +186,15 @@ def _scores_rows(idx, texts, concepts, rows, ys, scores, ppl=None) -> list[dict]
     return out
 
 
-def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport | None = None):
+def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport | None = None,
+                    keys: dict | None = None):
     """The critic's labelled data as it trains on it (``cfg``: ``critic_config``): rows of ``paths`` (unfinished
     statements left out under ``complete_only``), the texts the critic reads (canonicalised under ``canonicalize``),
     labels, the (train, dev, test) indices grouped by concept, and how many unfinished rows were left out.
     No file, or fewer than ``min_examples`` usable rows, is refused here, before the split (an empty file was a
-    misleading "need at least 2 concept groups")."""
+    misleading "need at least 2 concept groups"). ``keys``: the config key each setting came from, where it is not
+    ``critic.<setting>`` (NeuroComparatives' discriminator: ``task.filters.discriminator.critic.<setting>``)."""
+    keys = {k: f"critic.{k}" for k in ("min_examples", "complete_only")} | (keys or {})
     if not paths:
         raise ValueError("critic.seed_annotations: no annotation files: it is empty and the run has no labels store "
                          "(name at least one, e.g. the bundled generics_gemma.jsonl)")
@@ -215,8 +218,8 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
         rows, texts = [rows[i] for i in newest], [texts[i] for i in newest]
     if len(rows) < int(cfg["min_examples"]):
         raise ValueError(f"only {len(rows)} usable annotated statements in {[str(p) for p in paths]} (need >= "
-                         f"critic.min_examples = {cfg['min_examples']}); {report.summary()}"
-                         + (f"; {n_unfinished} unfinished left out (critic.complete_only)" if n_unfinished else ""))
+                         f"{keys['min_examples']} = {cfg['min_examples']}); {report.summary()}"
+                         + (f"; {n_unfinished} unfinished left out ({keys['complete_only']})" if n_unfinished else ""))
     ys = np.array([r["y"] for r in rows])
     splits = grouped_split3([r["concept"] for r in rows], ys, float(cfg["dev_fraction"]), float(cfg["test_fraction"]),
                             int(cfg["seed"]))
@@ -224,7 +227,7 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
 
 
 def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: str | Path, trainer_cfg=None,
-                 tracker=None, lm=None) -> dict:
+                 tracker=None, lm=None, keys: dict | None = None) -> dict:
     """Train (or reuse) the critic in ``out_dir``; return its summary.
 
     Three splits grouped by concept (``grouped_split3``): train fits the critic; **dev** picks the checkpoint
@@ -232,7 +235,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     ``ap``, ``precision``/``recall``/``n_kept_test`` of ``score > δ`` (precision is None when nothing is kept),
     ``p_at_r``, the LM-perplexity ranker's ``ap_perplexity`` (None without ``lm``), the surface-only floor
     (``surface_ap``, ``surface_auc_train/test``) and the hand-written invariance probes (``probe_shift``,
-    ``probe_ap``). ``sources`` names the split of each number.
+    ``probe_ap``). ``sources`` names the split of each number. ``keys``: as for ``labelled_splits``.
     """
     from critics.probe import fit_probe
     from critics.scoring import critic_meta, load_critic, score_loaded
@@ -245,7 +248,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     model_dir = out_dir / "model"
     paths = [Path(p) for p in annotation_paths]
     report = LoadReport()
-    rows, texts, ys, (train_idx, dev_idx, test_idx), n_unfinished = labelled_splits(cfg, paths, report)
+    rows, texts, ys, (train_idx, dev_idx, test_idx), n_unfinished = labelled_splits(cfg, paths, report, keys)
     if report.errors:
         write_jsonl(out_dir / "annotation_errors.jsonl", [{"error": e} for e in report.errors])
     concepts = [r["concept"] for r in rows]

@@ -117,7 +117,7 @@ def test_discriminator_stage_logs_each_cut_precision_with_its_n_kept(tmp_path, m
     test_rows = [{"statement": f"s{i}", "concept": f"a{i} | b{i}", "label": "True", "y": i % 2,
                   "critic_score": 1.0 - i / 10} for i in range(10)]
 
-    def fake_train_critic(ccfg, paths, out_dir, trainer_cfg=None, tracker=None, lm=None):
+    def fake_train_critic(ccfg, paths, out_dir, trainer_cfg=None, tracker=None, lm=None, keys=None):
         (Path(out_dir) / "model").mkdir(parents=True, exist_ok=True)
         write_jsonl(Path(out_dir) / "test_scores.jsonl", test_rows)
         return {"model_dir": str(Path(out_dir) / "model"), "ap": 0.5, "n_test": 10, "test_valid_rate": 0.5}

@@ -202,3 +202,24 @@ def test_cross_encoder_statements_files_are_checked_only_for_the_cross_encoder(l
         with pytest.raises(ConfigError, match=r"^task\.filters\.contradiction\.cross_encoder\.statements: "
                                               r".*missing\.jsonl is not a file"):
             check_config(_cfg(labels, *base, f"task.filters.contradiction.scorer={scorer}"))
+
+
+def test_too_few_discriminator_labels_name_the_min_examples_key_that_set_the_limit(tmp_path):
+    # the limit was always named critic.min_examples, also where the task's override
+    # task.filters.discriminator.critic.min_examples had set it
+    from i2d2.recipes.comparatives import check_config
+
+    rows = [{"statement": f"Compared to cats, dogs are usually louder {i}.", "concept": f"cat{i} | dog{i}",
+             "label": "True" if i % 2 else "False"} for i in range(4)]
+    (tmp_path / "few.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ("task=comparatives", "task.qa.benchmark=false", f"task.filters.discriminator.annotations=[{tmp_path}/few.jsonl]")
+    files = r"^task\.filters\.discriminator\.annotations: only 4 usable annotated statements in \[.*few\.jsonl'\] "
+    with pytest.raises(ConfigError, match=files + r"\(need >= critic\.min_examples = 7\)"):
+        check_config(_cfg(tmp_path, *base, "critic.min_examples=7"))
+    with pytest.raises(ConfigError, match=files + r"\(need >= task\.filters\.discriminator\.critic\.min_examples = 9\)"):
+        check_config(_cfg(tmp_path, *base, "critic.min_examples=7", "+task.filters.discriminator.critic.min_examples=9"))
+    unfinished = r"; 1 unfinished left out \(task\.filters\.discriminator\.critic\.complete_only\)"
+    (tmp_path / "few.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows)
+                                        + json.dumps({**rows[0], "statement": "Compared to cats, dogs are"}) + "\n")
+    with pytest.raises(ConfigError, match=files + r".*" + unfinished):
+        check_config(_cfg(tmp_path, *base, "task.filters.discriminator.critic.complete_only=true"))

@@ -140,7 +140,7 @@ def check_config(cfg) -> None:
         from critics.train import labelled_splits
 
         try:
-            labelled_splits(ccfg, annotation_paths(cfg))
+            labelled_splits(ccfg, annotation_paths(cfg), keys=critic_keys(cfg))
         except (ValueError, OSError) as e:
             msg = str(e)
             raise ConfigError(msg if msg.startswith("task.") else f"task.filters.discriminator.annotations: {msg}") from None
@@ -385,6 +385,14 @@ def critic_cfg(cfg) -> dict:
     return merged
 
 
+def critic_keys(cfg) -> dict:
+    """The key each of the discriminator's critic settings that its errors name came from: the task's override
+    (task.filters.discriminator.critic.<key>) where it sets one, else the shared critic.<key>."""
+    over = _plain(cfg.task.filters.discriminator.get("critic")) or {}
+    return {k: f"task.filters.discriminator.critic.{k}" if k in over else f"critic.{k}"
+            for k in ("min_examples", "complete_only")}
+
+
 def annotation_paths(cfg) -> list[Path]:
     paths = _plain(cfg.task.filters.discriminator.annotations)
     out = [SEED_ANNOTATIONS] if not paths else [Path(p).expanduser() for p in paths]
@@ -423,7 +431,8 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
     ccfg = critic_cfg(cfg)
     paths = annotation_paths(cfg)
     critic = run_stage(critic_dir, critic_fingerprint(cfg, ccfg, paths, lm is not None, lm_key),
-                       lambda d: _recorded(train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm), cfg),
+                       lambda d: _recorded(train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm,
+                                                          keys=critic_keys(cfg)), cfg),
                        name="critic")
     critic_model = in_run(critic["model_dir"], cfg.run_dir)
 
