@@ -58,7 +58,8 @@ NC = [
     ("data.prompt_filter.per=char", r"data\.prompt_filter\.per: must be word or token, got 'char'"),
     ("data.entity_filter.min_count=-5", r"data\.entity_filter\.min_count: must be a number > 0, got -5"),
     ("data.entity_filter.source={t}/missing.txt", r"data\.entity_filter\.source: must be wordfreq or a text file"),
-    ("data.entity_filter.min_count=1e12", r"no entity pairs .*473 entities loaded, 0 left after data\.entity_filter"),
+    ("data.entity_filter.min_count=1e12",  # was prefixed data.classes
+     r"^data\.entity_filter\.min_count: .*no entity pairs .*473 entities loaded, 0 left after data\.entity_filter"),
     ("task.constraints.negatives=[bogus]", r"task\.constraints: unknown negative set\(s\) \['bogus'\]"),
     ("task.wordlists={t}/missing.yaml", r"task\.wordlists: comparatives word lists not found"),
     # named the generated prompts.jsonl, at generation, not the key
@@ -223,3 +224,20 @@ def test_too_few_discriminator_labels_name_the_min_examples_key_that_set_the_lim
                                         + json.dumps({**rows[0], "statement": "Compared to cats, dogs are"}) + "\n")
     with pytest.raises(ConfigError, match=files + r".*" + unfinished):
         check_config(_cfg(tmp_path, *base, "task.filters.discriminator.critic.complete_only=true"))
+
+
+def test_entity_class_errors_name_the_classes_or_the_filter_key(tmp_path):
+    # every error of the classes check was prefixed data.classes, also a data.entity_filter that left no pair; and
+    # classes without a pair were blamed on the filter ('2 entities loaded, 2 left after data.entity_filter')
+    from i2d2.recipes.comparatives import check_config
+
+    (tmp_path / "single.json").write_text(json.dumps({"pet": ["dog"], "tool": ["hammer"]}))
+    base = ("task=comparatives", "task.qa.benchmark=false", "task.filters.discriminator.enabled=false")
+    for enabled in ("true", "false"):
+        with pytest.raises(ConfigError, match=r"^data\.classes: .*single\.json: no entity pairs \(need classes with "
+                                              r">= 2 distinct entities\)$"):
+            check_config(_cfg(tmp_path, *base, f"data.classes={tmp_path}/single.json", "data.min_entities=1",
+                              f"data.entity_filter.enabled={enabled}"))
+    with pytest.raises(ConfigError, match=r"^data\.entity_filter\.min_count: .*no entity pairs"):
+        check_config(_cfg(tmp_path, *base, "data.entity_filter.min_count=1e12"))
+    check_config(_cfg(tmp_path, *base, "data.entity_filter.min_count=1e12", "data.entity_filter.enabled=false"))

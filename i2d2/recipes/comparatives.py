@@ -166,15 +166,19 @@ def _check_prompt_inputs(cfg) -> None:
             need(is_num(ef[key]) and ef[key] > 0, f"data.entity_filter.{key}", f"must be a number > 0, got {ef[key]!r}")
         need(not corpus or Path(str(ef.source)).expanduser().is_file(), "data.entity_filter.source",
              f"must be wordfreq or a text file, one document a line; {ef.source!r} is neither")
-    try:  # a missing, empty or malformed classes file named with its line, or a filter that leaves no pair (a
-        # corpus is counted once, in the run: it may be large; wordfreq takes a fraction of a second)
-        if corpus:
-            load_classes(data.classes, data.format, int(data.min_entities), list(data.wikidata.roots),
-                         int(data.wikidata.max_depth))
-        else:  # the classes only: building every pair (1.7M at the paper's scale) is the prompts stage's work
-            entity_classes(cfg)
+    try:  # a missing, empty or malformed classes file named with its line, or classes with no pair; the classes
+        # only: building every pair (1.7M at the paper's scale) is the prompts stage's work
+        classes, n_loaded = loaded_entity_classes(cfg)
     except (OSError, ValueError) as e:
         raise ConfigError(f"data.classes: {e}") from None
+    if ef.enabled and not corpus:  # a filter that leaves no pair (a corpus is counted once, in the run: it may be
+        # large; wordfreq takes a fraction of a second)
+        try:
+            filtered_entity_classes(cfg, classes, n_loaded)
+        except DataError as e:  # no pair left: the threshold dropped them
+            raise ConfigError(f"data.entity_filter.min_count: {e}") from None
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"data.entity_filter: {e}") from None
     try:
         wl = load_wordlists(task.wordlists)
     except (OSError, ValueError) as e:
@@ -223,17 +227,36 @@ def _check_template(template) -> None:
 def entity_classes(cfg):
     """The entity classes (§2.1.1) and their obscure entities out (§2.1.3, ``data.entity_filter``): (classes,
     entities loaded, the frequency record or None). No class with two distinct entities (no pair) is an error."""
+    return filtered_entity_classes(cfg, *loaded_entity_classes(cfg))
+
+
+def _has_pair(classes) -> bool:
+    return any(len({e.name.lower() for e in ents}) >= 2 for ents in classes.values())
+
+
+def loaded_entity_classes(cfg):
+    """The entity classes as ``data.classes`` gives them, before ``data.entity_filter``: (classes, entities loaded).
+    No class with two distinct entities is an error about the classes, not the filter."""
     data = cfg.data
     classes = load_classes(data.classes, data.format, int(data.min_entities),
                            list(data.wikidata.roots), int(data.wikidata.max_depth))
     n_entities_loaded = sum(len(v) for v in classes.values())
+    if not _has_pair(classes):
+        _no_pairs(cfg, n_entities_loaded, None, classes)
+    return classes, n_entities_loaded
+
+
+def filtered_entity_classes(cfg, classes, n_entities_loaded):
+    """``loaded_entity_classes``' classes with their obscure entities out (§2.1.3, ``data.entity_filter``): (classes,
+    entities loaded, the frequency record or None). A filter that leaves no pair is an error."""
+    data = cfg.data
     freq = None
     if data.entity_filter.enabled:  # §2.1.3: obscure entities out, then classes with < 2 entities
         ef = data.entity_filter
         classes, freq = filter_obscure(classes, FrequencyFilter(str(ef.source), float(ef.min_count),
                                                                 float(ef.corpus_words), int(data.min_entities)))
-    if not any(len({e.name.lower() for e in ents}) >= 2 for ents in classes.values()):
-        _no_pairs(cfg, n_entities_loaded, freq, classes)
+        if not _has_pair(classes):
+            _no_pairs(cfg, n_entities_loaded, freq, classes)
     return classes, n_entities_loaded, freq
 
 
