@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from i2d2.config import CONF_DIR
+from i2d2.config import CONF_DIR, ConfigError
 from i2d2.io import read_jsonl
 
 TINY = ["task=comparatives", "experiment=smoke", "logger=csv"]  # conf/experiment/smoke/comparatives.yaml
@@ -136,8 +136,8 @@ def test_a_labels_file_the_benchmark_cannot_read_fails_at_start_naming_its_line(
     with pytest.raises(DataError, match=r"labels\.jsonl:1: a ComparativeQA benchmark item needs its prompt"):
         check_config(cfg)
     # without the benchmark the file is the discriminator's business: one row is too few to train it on
-    with pytest.raises(Exception, match=r"task\.filters\.discriminator\.annotations: only 1 usable"):
+    with pytest.raises(ConfigError, match=r"^task\.filters\.discriminator\.annotations: only 1 usable"):
         check_config(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]",
                           "task.qa.benchmark=false"))
-    with pytest.raises(Exception, match="task.qa.benchmark"):
+    with pytest.raises(ConfigError, match=r"^task\.qa\.benchmark: must be true or false, got 'maybe'"):
         check_config(_cfg(tmp_path / "run", "task.qa.benchmark=maybe"))
