@@ -101,6 +101,16 @@ def test_cmp_check_config_refuses_before_anything_loads(tmp_path, override, key)
     ("data.val_fraction=0.8", r"data\.val_fraction \+ data\.test_fraction: must be < 1 \(training keeps the rest\), "
                               r"got 1\.0"),
     ("data.split_by=entities", r"data\.split_by: must be entity \(held-out entities\) or field .*got 'entities'"),
+    # the downstream fine-tuning's: read only when the first fine-tuned setting began (a length of 0 or 1 kept no
+    # target token to learn; dev_size 0.5 was read as 0 items, 1.5 as 1, -3 refused only with no dev_path)
+    ("task.downstream.finetune.max_target_length=0",
+     r"^task\.downstream\.finetune\.max_target_length: must be an integer >= 2 \(one token is the end of sequence\), "
+     r"got 0$"),
+    ("task.downstream.finetune.max_target_length=1", r"^task\.downstream\.finetune\.max_target_length: .*got 1$"),
+    ("task.downstream.finetune.dev_size=0", r"^task\.downstream\.finetune\.dev_size: must be an integer >= 1, got 0$"),
+    ("task.downstream.finetune.dev_size=0.5", r"^task\.downstream\.finetune\.dev_size: must be an integer >= 1, "
+                                              r"got 0\.5$"),
+    ("task.downstream.finetune.dev_size=1.5", r"^task\.downstream\.finetune\.dev_size: .*got 1\.5$"),
 ])
 def test_cmp_pretrain_and_data_values_are_refused_at_start_up(tmp_path, override, message):
     from i2d2.recipes.cmp import check_config
