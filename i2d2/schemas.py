@@ -59,8 +59,10 @@ class DecodingConfig:
         for k in ("beam_size", "num_return", "max_new_tokens", "batch_size", "prune_factor"):
             if int(getattr(self, k)) < 1:
                 raise ValueError(f"{k}: must be an integer >= 1, got {getattr(self, k)!r}")
-        if self.min_new_tokens < 0 or self.sat_tolerance < 0 or self.no_repeat_ngram_size < 0:
-            raise ValueError("DecodingConfig: min_new_tokens, sat_tolerance, no_repeat_ngram_size must be >= 0")
+        for k in ("min_new_tokens", "sat_tolerance", "no_repeat_ngram_size"):  # each named alone (callers prefix
+            # "decoding."): one message named all three, whichever was wrong
+            if int(getattr(self, k)) < 0:
+                raise ValueError(f"{k}: must be an integer >= 0, got {getattr(self, k)!r}")
         # 0 was read as null (the decoder's `or` took the default), -1 failed in the decoder's topk mid-generation
         for k, default in (("candidates_per_beam", "2 * beam_size"), ("lookahead", "beam_size")):
             v = getattr(self, k)

@@ -38,6 +38,11 @@ def test_decoding_counts_must_be_null_or_at_least_one(key, default, value):
     ("decoding.lookahead=0", r"^decoding\.lookahead: must be null .* got 0$"),
     ("decoding.candidates_per_beam=0", r"^decoding\.candidates_per_beam: must be null \(the default: 2 \* beam_size\) "
                                        r"or an integer >= 1, got 0$"),
+    # one message named all three keys ('decoding.DecodingConfig: min_new_tokens, sat_tolerance, ...'), whichever
+    # was wrong
+    ("decoding.min_new_tokens=-1", r"^decoding\.min_new_tokens: must be an integer >= 0, got -1$"),
+    ("decoding.sat_tolerance=-2", r"^decoding\.sat_tolerance: must be an integer >= 0, got -2$"),
+    ("decoding.no_repeat_ngram_size=-3", r"^decoding\.no_repeat_ngram_size: must be an integer >= 0, got -3$"),
 ])
 def test_recipes_refuse_bad_decoding_counts_at_start_up(tmp_path, task, module, override, message):
     import importlib
