@@ -158,10 +158,14 @@ def test_home_relative_input_paths_are_read_where_start_up_found_them(tmp_path, 
     # (FileNotFoundError in the prompts stage; the cross-encoder's statements once the contradiction stage began)
     from critics.contradiction import ComparativeDirectionScorer, cross_encoder_config, cross_encoder_dir, \
         source_statements
-    from i2d2.recipes.comparatives import check_config, entity_classes
+    import shutil
+
+    from i2d2.comparatives.entities import BUNDLED
+    from i2d2.recipes.comparatives import check_config, entity_classes, prompt_input_files
 
     home = tmp_path / "home"
     home.mkdir()
+    shutil.copy(BUNDLED, home / BUNDLED.name)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(tmp_path)  # where a literal '~' would be looked for
     (home / "corpus.txt").write_text("A car and a bicycle.\nCars, bicycles and a motorcycle.\n")
@@ -169,12 +173,15 @@ def test_home_relative_input_paths_are_read_where_start_up_found_them(tmp_path, 
                                            + "\n")
     cfg = _cfg(tmp_path, "task=comparatives", "task.qa.benchmark=false", "task.filters.discriminator.enabled=false",
                "data.entity_filter.source='~/corpus.txt'", "data.entity_filter.min_count=1",
+               f"data.classes='~/{BUNDLED.name}'",
                "task.filters.contradiction.scorer=cross_encoder",
                "task.filters.contradiction.cross_encoder.statements=['~/statements.jsonl']",
                "task.filters.contradiction.cross_encoder.dir='~/ce'")
     check_config(cfg)
     classes, _, freq = entity_classes(cfg)  # the prompts stage's reader
     assert freq["n_entities_out"] == 3 and {e.name for e in classes["road vehicle"]} == {"car", "bicycle", "motorcycle"}
+    # the prompts stage's fingerprint reads the files themselves (a '~/' path was hashed as missing)
+    assert prompt_input_files(cfg) == (home / BUNDLED.name, home / "corpus.txt")
     ce = cross_encoder_config(cfg.task.filters.contradiction.cross_encoder)
     assert [r["statement"] for r in source_statements(ce["statements"])] == [
         "Compared to bikes, cars are usually faster."]

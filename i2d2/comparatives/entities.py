@@ -227,7 +227,7 @@ def load_classes(path: str | Path | None = None, fmt: str = "auto", min_entities
                  wikidata_roots=("physical object", "artificial physical object"), wikidata_depth: int = 2
                  ) -> dict[str, list[Entity]]:
     """Load class -> entities from ``path`` (default: the bundled classes); ``fmt`` json|tsv|wikidata|auto."""
-    path = Path(path) if path else BUNDLED
+    path = Path(str(path)).expanduser() if path else BUNDLED  # "~/classes.tsv", as the other input paths
     if not path.exists():
         raise FileNotFoundError(f"entity class file not found: {path}")
     if fmt == "auto":

@@ -495,6 +495,16 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
 
 # ----------------------------------------------------------------------------- the iteration
 
+def prompt_input_files(cfg) -> tuple[Path, Path | None]:
+    """The files the prompts stage reads, for its fingerprint: the entity classes and a user corpus for the entity
+    filter (None: wordfreq or no filter), '~' expanded as their readers expand it (a '~/' file was hashed as missing,
+    so editing it did not redo the stage)."""
+    ef = cfg.data.entity_filter
+    classes = Path(str(cfg.data.classes)).expanduser() if cfg.data.classes else BUNDLED
+    corpus = Path(str(ef.source)).expanduser() if ef.enabled and ef.source != "wordfreq" else None
+    return classes, corpus
+
+
 def _model_name(cfg, k: int) -> str:
     if k == 0:
         return cfg.model.name
@@ -524,9 +534,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     timings = {}
 
     t0 = time.time()
-    classes_path = Path(cfg.data.classes) if cfg.data.classes else BUNDLED
-    ef = cfg.data.entity_filter
-    corpus = Path(ef.source) if ef.enabled and ef.source != "wordfreq" else None  # a user corpus: its content counts
+    classes_path, corpus = prompt_input_files(cfg)
     fp = fingerprint(_plain(cfg.data), classes_path, Path(task.wordlists), _plain(task.constraints),
                      task.max_passes, model_key, cfg.seed, UNCOUNTABLE, corpus)
     prompts = run_stage(it / "prompts", fp, lambda d: build_prompts(cfg, model, tok, d, tracker), name="prompts")
