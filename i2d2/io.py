@@ -410,11 +410,13 @@ def verify_recorded(folder: str | os.PathLike, stage_dir: str | os.PathLike) -> 
     except FileNotFoundError:
         return False
     except ValueError:
-        raise DataError(f"{marker} is damaged (not JSON): {folder} cannot be checked against it") from None
+        raise DataError(f"{marker} is damaged (not JSON): {folder} cannot be checked against it (delete {marker} "
+                        f"to load {folder} unchecked)") from None
     outputs = (info.get("outputs") if isinstance(info, dict) else []) or {}  # none recorded: an older marker
     if not isinstance(info, dict) or not isinstance(outputs, dict) or not all(
             isinstance(w, dict) and {"size", "sha256"} <= set(w) for w in outputs.values()):
-        raise DataError(f"{marker} is damaged (no outputs record): {folder} cannot be checked against it")
+        raise DataError(f"{marker} is damaged (no outputs record): {folder} cannot be checked against it (delete "
+                        f"{marker} to load {folder} unchecked)")
     root = os.path.normpath(os.path.abspath(folder))
     mine = {rel: want for rel, want in outputs.items()
             if os.path.commonpath([root, os.path.normpath(os.path.abspath(stage_dir / rel))]) == root}
@@ -452,8 +454,11 @@ def verify_model_folder(folder: str | os.PathLike) -> bool:
     """A model folder given by path (``generate.model=<run>/iter_0/model``), checked like ``verified_iteration_model``
     when it is where a fine-tuning stage wrote it: ``<parent>/finetune/_DONE.json`` records its files (DataError
     naming the first damaged one). False for a folder with no such marker beside it (one made by hand): loaded
-    unchecked, as before."""
+    unchecked, as before. A link to such a folder (``latest -> run/iter_2/model``) is checked where it points: its
+    own parent has no marker."""
     folder = Path(folder)
+    if folder.is_symlink():
+        folder = Path(os.path.realpath(folder))
     return folder.is_dir() and verify_recorded(folder, folder.parent / "finetune")
 
 

@@ -104,14 +104,32 @@ def test_a_weights_file_linked_to_a_blob_is_still_checked(tmp_path):
         verify_recorded(model_dir, model_dir.parent / "finetune")
 
 
-@pytest.mark.parametrize("marker", ["[]", '{"outputs": {"../model/config.json": {}}}'])
+@pytest.mark.parametrize("marker", ["[]", '{"outputs": {"../model/config.json": {}}}', "{"])
 def test_a_malformed_marker_is_a_data_error_not_a_traceback(tmp_path, marker):
     from i2d2.io import verify_recorded
 
     model_dir = _finished_iteration(tmp_path)
-    (model_dir.parent / "finetune" / "_DONE.json").write_text(marker)
-    with pytest.raises(DataError, match=r"_DONE\.json is damaged"):
+    done = model_dir.parent / "finetune" / "_DONE.json"
+    done.write_text(marker)
+    with pytest.raises(DataError, match=r"_DONE\.json is damaged") as e:
         verify_recorded(model_dir, model_dir.parent / "finetune")
+    assert f"delete {done} to load {model_dir} unchecked" in str(e.value)  # the way out, as for a replaced model
+    done.unlink()
+    assert not verify_recorded(model_dir, model_dir.parent / "finetune")
+
+
+def test_a_link_to_a_run_model_is_checked_where_it_points(tmp_path):
+    # generate.model=latest with latest -> run/iter_0/model: the link's own parent has no finetune marker, so the
+    # folder was loaded unchecked
+    from i2d2.io import verify_model_folder
+
+    model_dir = _finished_iteration(tmp_path / "run")
+    link = tmp_path / "latest"
+    link.symlink_to(model_dir, target_is_directory=True)
+    assert verify_model_folder(link)
+    _truncate(model_dir / "model.safetensors")
+    with pytest.raises(DataError, match=r"iter_0/model/model\.safetensors is damaged"):
+        verify_model_folder(link)
 
 
 def test_start_up_hashes_the_previous_model_once_per_process(tmp_path, monkeypatch):
@@ -350,18 +368,20 @@ def test_negate_with_a_damaged_adapter_exits_2_naming_the_file(tmp_path, capsys)
     assert f"delete {tmp_path / 'train' / '_DONE.json'}" in err
 
 
-def test_another_runs_model_as_the_base_lm_is_checked(tmp_path):
+@pytest.mark.parametrize("task", ["i2d2", "comparatives"])
+def test_another_runs_model_as_the_base_lm_is_checked(tmp_path, task):
     # model.name=<other run>/iter_0/model for iteration=0 was loaded unchecked (a truncated safetensors failed in
-    # transformers, naming no file); now checked against that run's fine-tuning record, naming model.name
+    # transformers, naming no file); now checked at start-up against that run's fine-tuning record, naming model.name
     from hydra import compose, initialize_config_dir
 
     from i2d2.config import CONF_DIR, ConfigError
-    from i2d2.recipes.generics import generator_name
+    from i2d2.train import check_start
 
     model_dir = _finished_iteration(tmp_path / "other")
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"model.name={model_dir}", f"run_dir={tmp_path / 'run'}", "iteration=0"])
-    assert generator_name(cfg, 0) == str(model_dir)
+        cfg = compose("train", overrides=[f"task={task}", f"model.name={model_dir}", f"run_dir={tmp_path / 'run'}",
+                                          "iteration=0"])
+    check_start(cfg)
     _truncate(model_dir / "model.safetensors")
     with pytest.raises(ConfigError, match=rf"model\.name: {model_dir}/model\.safetensors is damaged"):
-        generator_name(cfg, 0)
+        check_start(cfg)

@@ -48,7 +48,7 @@ from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
 from i2d2.io import DONE, DamagedOutputError, DataError, fingerprint, in_run, iteration_model_dir, mark_done, \
     model_fingerprint, prepare_stage, read_json, read_jsonl, read_table, run_relative, run_stage, stage_done, \
-    verified_iteration_model, verify_model_folder, write_json, write_jsonl, write_text
+    verified_iteration_model, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -196,11 +196,7 @@ def check_config(cfg: DictConfig) -> None:
 def generator_name(cfg: DictConfig, k: int) -> str:
     """P_k: the configured base LM for k = 0, else the model iteration k-1 wrote (its files as the fine-tuning stage
     recorded them: a truncated safetensors failed in transformers, naming no file)."""
-    if k == 0:  # another run's iter_j/model as the base LM: checked against its fine-tuning record like P_k
-        try:
-            verify_model_folder(Path(str(cfg.model.name)).expanduser())
-        except DataError as e:
-            raise ConfigError(f"model.name: {e}") from None
+    if k == 0:  # another run's iter_j/model given as model.name: checked at start-up (train.check_model_folder)
         return str(cfg.model.name)
     try:
         prev = verified_iteration_model(cfg.run_dir, k - 1)
