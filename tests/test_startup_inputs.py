@@ -156,10 +156,10 @@ def test_comparatives_start_up_does_not_build_every_pair(tmp_path, monkeypatch):
 def test_home_relative_input_paths_are_read_where_start_up_found_them(tmp_path, monkeypatch):
     # '~/' passed the start-up existence checks (which expand it), then the readers opened a literal './~/...'
     # (FileNotFoundError in the prompts stage; the cross-encoder's statements once the contradiction stage began)
-    from critics.contradiction import ComparativeDirectionScorer, cross_encoder_config, cross_encoder_dir, \
-        source_statements
     import shutil
 
+    from critics.contradiction import ComparativeDirectionScorer, cross_encoder_config, cross_encoder_dir, \
+        source_statements
     from i2d2.comparatives.entities import BUNDLED
     from i2d2.recipes.comparatives import check_config, entity_classes, prompt_input_files
 
