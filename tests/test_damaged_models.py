@@ -19,6 +19,16 @@ def _finished_iteration(run_dir, k=0):
     return model_dir
 
 
+def _finished_adapter(tmp_path, base_model="nonexistent"):
+    """train/adapter as the NegVerse train stage leaves it: its files, recorded in train/_DONE.json."""
+    adapter = tmp_path / "train" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "negverse.json").write_text(f'{{"base_model": "{base_model}"}}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
+    mark_done(tmp_path / "train", "fp", {})
+    return adapter
+
+
 def _truncate(path):
     path.write_bytes(path.read_bytes()[:100])
 
@@ -76,11 +86,7 @@ def test_loading_a_damaged_folder_names_it(tmp_path):
 def test_a_damaged_negverse_adapter_is_refused_before_the_base_model_loads(tmp_path):
     from i2d2.negverse.model import NegVerseLM
 
-    adapter = tmp_path / "train" / "adapter"
-    adapter.mkdir(parents=True)
-    (adapter / "negverse.json").write_text('{"base_model": "nonexistent"}')
-    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
-    mark_done(tmp_path / "train", "fp", {})
+    adapter = _finished_adapter(tmp_path)
     _truncate(adapter / "adapter_model.safetensors")
     with pytest.raises(DataError, match=r"train/adapter/adapter_model\.safetensors is damaged"):
         NegVerseLM.load(adapter)
@@ -247,11 +253,7 @@ def test_a_replaced_negverse_adapter_gets_the_same_advice(tmp_path):
     from i2d2.io import DamagedOutputError
     from i2d2.negverse.model import NegVerseLM
 
-    adapter = tmp_path / "train" / "adapter"
-    adapter.mkdir(parents=True)
-    (adapter / "negverse.json").write_text('{"base_model": "nonexistent"}')
-    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
-    mark_done(tmp_path / "train", "fp", {})
+    adapter = _finished_adapter(tmp_path)
     (adapter / "adapter_model.safetensors").write_bytes(b"1" * 1000)
     marker = tmp_path / "train" / "_DONE.json"
     with pytest.raises(DamagedOutputError, match=rf"If {adapter} was replaced on purpose, delete {marker} to load it"):
@@ -356,11 +358,7 @@ def test_train_next_iteration_on_a_damaged_model_exits_2_naming_the_file(tmp_pat
 def test_negate_with_a_damaged_adapter_exits_2_naming_the_file(tmp_path, capsys):
     from i2d2.negate import main
 
-    adapter = tmp_path / "train" / "adapter"
-    adapter.mkdir(parents=True)
-    (adapter / "negverse.json").write_text('{"base_model": "tiny:gpt2"}')
-    (adapter / "adapter_model.safetensors").write_bytes(b"0" * 1000)
-    mark_done(tmp_path / "train", "fp", {})
+    adapter = _finished_adapter(tmp_path, "tiny:gpt2")
     _truncate(adapter / "adapter_model.safetensors")
     assert main(["The shop is open.", "--adapter", str(adapter)]) == 2
     err = capsys.readouterr().err
