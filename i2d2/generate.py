@@ -48,7 +48,7 @@ def resolve_model(cfg) -> tuple[str, int | None]:
     if g.get("model") or g.get("iteration") is None:
         key, name = ("generate.model", str(g.model)) if g.get("model") else ("model.name", str(cfg.model.name))
         try:  # a truncated safetensors failed in transformers, naming no file; a hand-made folder: unchecked
-            verify_model_folder(Path(name).expanduser())
+            verify_model_folder(name)
         except DataError as e:
             raise GenerateError(f"{key}={name}: {e}") from None
         return name, None

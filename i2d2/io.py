@@ -455,8 +455,8 @@ def verify_model_folder(folder: str | os.PathLike) -> bool:
     when it is where a fine-tuning stage wrote it: ``<parent>/finetune/_DONE.json`` records its files (DataError
     naming the first damaged one). False for a folder with no such marker beside it (one made by hand): loaded
     unchecked, as before. A link to such a folder (``latest -> run/iter_2/model``) is checked where it points: its
-    own parent has no marker."""
-    folder = Path(folder)
+    own parent has no marker. ``~`` is expanded, as the loaders expand it."""
+    folder = Path(str(folder)).expanduser()
     if folder.is_symlink():
         folder = Path(os.path.realpath(folder))
     return folder.is_dir() and verify_recorded(folder, folder.parent / "finetune")

@@ -50,12 +50,10 @@ def check_model_folder(name: str, key: str) -> None:
     """A model given as another run's folder (``model.name=<run>/iter_0/model``) is checked against the record its
     fine-tuning stage left (size + SHA-256 of its files; ``i2d2.io.verify_model_folder``): a truncated safetensors
     failed inside transformers, naming no file. A folder made by hand, with no marker beside it, is not checked."""
-    from pathlib import Path
-
     from i2d2.io import DataError, verify_model_folder
 
     try:
-        verify_model_folder(Path(name).expanduser())
+        verify_model_folder(name)
     except DataError as e:
         raise config.ConfigError(f"{key}: {e}") from None
 
