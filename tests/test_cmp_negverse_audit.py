@@ -115,8 +115,11 @@ def test_cmp_check_config_refuses_before_anything_loads(tmp_path, override, key)
 def test_cmp_pretrain_and_data_values_are_refused_at_start_up(tmp_path, override, message):
     from i2d2.recipes.cmp import check_config
 
+    tuned = ["task.downstream.shots=[0,2]", "task.downstream.allow_fewer_shots=true"]  # finetune.* is read
     with pytest.raises(ConfigError, match=message):
-        check_config(_cmp_cfg(tmp_path, override))
+        check_config(_cmp_cfg(tmp_path, override, *tuned))
+    if override.startswith("task.downstream.finetune."):  # zero-shot alone (the default) never reads finetune.*
+        check_config(_cmp_cfg(tmp_path, override, "task.downstream.shots=[0]"))
 
 
 def test_cmp_missing_corpus_is_refused_at_start_up(tmp_path):

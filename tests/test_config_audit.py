@@ -80,8 +80,10 @@ BAD_VALUES = [
     (["task=cmp", "task.downstream.models=[tuned]"], r"task\.downstream\.models: \['tuned'\]"),
     (["task=cmp", "task.downstream.shots=[0,2]", "task.downstream.allow_fewer_shots=true", "task.downstream.seeds=[]"],
      r"task\.downstream\.seeds and task\.downstream\.lr_grid must not be empty"),  # after pre-training, before
-    (["task=cmp", "task.downstream.finetune.steps=0"], r"task\.downstream\.finetune\.steps: must be an integer >= 1"),
-    (["task=cmp", "task.downstream.finetune.eval_every=0"], r"task\.downstream\.finetune\.eval_every: must be"),
+    (["task=cmp", "task.downstream.shots=[0,2]", "task.downstream.finetune.steps=0"],
+     r"task\.downstream\.finetune\.steps: must be an integer >= 1"),
+    (["task=cmp", "task.downstream.shots=[2]", "task.downstream.finetune.eval_every=0"],
+     r"task\.downstream\.finetune\.eval_every: must be"),
     # the paper preset on the bundled 2-4 item fixtures cannot hold out a dev set of 100 for k=100
     (["experiment=paper_cmp"], r"cannot hold out task\.downstream\.finetune\.dev_size=100"),
     # I2D2's self-imitation fine-tuning: max_steps=0 saved P_k unchanged as P_{k+1}
@@ -113,6 +115,9 @@ def test_bad_values_fail_at_start_up_naming_the_key(overrides, pattern):
                                        ["trainer=ddp", "trainer.accelerator=cpu", "trainer.strategy=ddp_fork"],
                                        ["task=cmp", "cmp/variant=cmp_qa"],
                                        ["task=cmp", "task.downstream.datasets=[]", "task.downstream.finetune.steps=0"],
+                                       # zero-shot alone (the default shots) never reads the fine-tuning settings
+                                       ["task=cmp", "task.downstream.finetune.steps=0",
+                                        "task.downstream.finetune.dev_size=0"],
                                        ["task=comparatives", "data.max_pairs=null", "data.max_pairs_per_class=null"],
                                        ["task.finetune.max_steps=-1", "critic.patience=0", "critic.dropout=0.1"]],
                          ids=str)

@@ -68,13 +68,14 @@ def check_config(cfg) -> None:
     need(limit is None or (is_int(limit) and limit >= 1), "task.eval.limit",
          f"must be null (every test quintuple) or an integer >= 1, got {limit!r}")
     if cfg.task.downstream.datasets:  # checked in the run before, after the lock and the tracker had started
-        # dev_size: a count of items held out of train_path (int(): 0.5 was read as 0, 1.5 as 1), checked against
-        # the file by check_downstream_settings where no dev_path is given
-        need_counts(cfg, "task.downstream.finetune.steps", "task.downstream.finetune.eval_every",
-                    "task.downstream.finetune.dev_size")
-        n = cfg.task.downstream.finetune.get("max_target_length")  # the Collator as in pre-training: n - 1 + EOS
-        need(is_int(n) and n >= 2, "task.downstream.finetune.max_target_length",
-             f"must be an integer >= 2 (one token is the end of sequence), got {n!r}")
+        if any(str(k) != "0" for k in cfg.task.downstream.shots):  # zero-shot alone never reads finetune.*
+            # dev_size: a count of items held out of train_path (int(): 0.5 was read as 0, 1.5 as 1), checked
+            # against the file by check_downstream_settings where no dev_path is given
+            need_counts(cfg, "task.downstream.finetune.steps", "task.downstream.finetune.eval_every",
+                        "task.downstream.finetune.dev_size")
+            n = cfg.task.downstream.finetune.get("max_target_length")  # the Collator as in pre-training: n-1 + EOS
+            need(is_int(n) and n >= 2, "task.downstream.finetune.max_target_length",
+                 f"must be an integer >= 2 (one token is the end of sequence), got {n!r}")
         try:
             check_downstream_settings(cfg)
         except (KeyError, ValueError, OSError) as e:
