@@ -268,7 +268,7 @@ def main(cfg: DictConfig):
     the one folder this command writes; run_dir is only read, and every file in it is written atomically), then
     the pipeline."""
     from i2d2.io import DataError, RunLock
-    from i2d2.train import check_start
+    from i2d2.train import check_start, discard_launch_folders
 
     try:
         check_start(cfg)
@@ -279,6 +279,7 @@ def main(cfg: DictConfig):
         check_config(cfg)  # the values too, before the lock (they were checked after it and setup_run, or never)
         lock = RunLock(cfg.generate.out_dir).acquire() if cfg.generate.get("out_dir") else None
     except (ValueError, RuntimeError, OSError) as e:
+        discard_launch_folders(None)  # Hydra's log folder for a launch that never ran (a lock here is not taken)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     try:

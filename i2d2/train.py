@@ -12,6 +12,7 @@ Each of these exits with code 2 and a one-line ``error:`` message. Ctrl-C exits 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -35,6 +36,9 @@ def check_start(cfg: DictConfig) -> None:
     config.check_keys(cfg)
     # read by setup_run's seed_everything, after the run_dir lock: seed=abc was a traceback there
     config.need(config.is_int(cfg.get("seed")), "seed", f"must be an integer, got {cfg.get('seed')!r}")
+    # run_dir= (empty) ran in the working directory, and Hydra's log folder went to /hydra at the file system's root
+    config.need(isinstance(cfg.get("run_dir"), str) and cfg.run_dir.strip() != "", "run_dir",
+                f"must name a folder, got {cfg.get('run_dir')!r}")
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():
@@ -163,8 +167,11 @@ def checked_run(cfg: DictConfig):
             lock = RunLock(cfg.run_dir).acquire()
         check_recipe(cfg)
     except BaseException as e:  # noqa: BLE001  (the lock is released whatever stopped the checks, Ctrl-C too)
-        if lock is not None:
-            lock.release()
+        try:
+            discard_launch_folders(lock)
+        finally:
+            if lock is not None:
+                lock.release()
         if not isinstance(e, (ValueError, TypeError, RuntimeError, OSError)):
             raise
         # bad key/name/value (TypeError: a null where a check compares a number), run_dir held or not writable
@@ -180,6 +187,36 @@ def checked_run(cfg: DictConfig):
         finally:  # the lock is released even where closing the group fails
             if lock is not None:
                 lock.release()
+
+
+def discard_launch_folders(lock) -> None:
+    """What a launch refused at start-up leaves behind is removed: Hydra made this launch's log folder
+    (``run_dir/hydra/<time>/``, its config copy and an empty log) before any check ran, and a misspelt run_dir
+    was left as a new folder holding only that and the lock file. A folder holding anything else is left as it is,
+    and the lock file only goes with a run_dir this launch held and that holds nothing else."""
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from i2d2.io import LOCK, LOCK_INFO
+
+    if not HydraConfig.initialized():  # called without Hydra (tests, a script): it made no folder
+        return
+    launch = Path(HydraConfig.get().runtime.output_dir)
+    if launch.parent.name != "hydra":  # hydra.run.dir set elsewhere (even to "."), or a multirun: left alone
+        return
+    if launch.is_dir() and {p.name for p in launch.iterdir()} <= {".hydra", f"{HydraConfig.get().job.name}.log"}:
+        shutil.rmtree(launch, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            launch.parent.rmdir()  # run_dir/hydra, when this launch was its only one
+    run = launch.parent.parent  # run_dir as Hydra read it (run_dir=null made a folder named None)
+    left = {p.name for p in run.iterdir()} if run.is_dir() else {"?"}
+    if not left or (lock is not None and left <= {LOCK, LOCK_INFO}):
+        with contextlib.suppress(OSError):  # while the lock is still held: no other launch can be inside it
+            for name in (LOCK_INFO, LOCK):
+                (run / name).unlink(missing_ok=True)
+            run.rmdir()
 
 
 def close_process_group() -> None:

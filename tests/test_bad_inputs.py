@@ -430,7 +430,29 @@ CLI_CASES = [
 def test_cli_fails_at_start_up(tmp_path, what, args, pattern):
     r = cli(f"run_dir={tmp_path}/run", *args)
     assert r.returncode == 2 and re.search(pattern, r.stderr), r.stderr[-2000:]
-    assert not (tmp_path / "run" / "iter_0").exists()  # nothing ran
+    # nothing ran, and nothing is left: Hydra's log folder for the launch and the lock file were a new, misleading
+    # run_dir of their own
+    assert not (tmp_path / "run").exists(), sorted(p.name for p in (tmp_path / "run").rglob("*"))
+
+
+@pytest.mark.parametrize("value", ["", "null"])
+def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
+    # run_dir= ran in the working directory (Hydra's log folder went to /hydra); run_dir=null into a folder 'None'
+    r = subprocess.run([sys.executable, "-m", "i2d2.train", f"run_dir={value}"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120, env={**launch_env(), "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and "error: run_dir: must name a folder" in r.stderr, r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_launch_leaves_an_existing_run_dir_as_it_was(tmp_path):
+    run = tmp_path / "run"
+    (run / "hydra" / "2026-01-01_00-00-00" / ".hydra").mkdir(parents=True)  # an earlier launch's log folder
+    (run / "iter_0").mkdir()
+    (run / "iter_0" / "rows.jsonl").write_text('{"a": 1}\n')
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    r = cli(f"run_dir={run}", "task.filter.delta=2")  # refused after the lock was taken
+    assert r.returncode == 2 and "task.filter.delta" in r.stderr, r.stderr[-2000:]
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name != ".i2d2.lock") == before
 
 
 def table() -> str:

@@ -57,6 +57,24 @@ def test_bad_input_is_refused_before_the_lock_naming_the_key(tmp_path, monkeypat
     assert not out.exists()  # refused before RunLock(out_dir) made and locked the folder
 
 
+def test_a_refused_launch_leaves_no_log_folder(tmp_path):
+    # Hydra writes run_dir/hydra/generate-<time>/ before any check: a refused launch left it in the run it read,
+    # and a misspelt run_dir as a new folder holding only that
+    import subprocess
+    import sys
+
+    from process_env import launch_env
+
+    run = tmp_path / "run"
+    (run / "hydra" / "2026-01-01_00-00-00").mkdir(parents=True)
+    for run_dir in (run, tmp_path / "misspelt"):
+        r = subprocess.run([sys.executable, "-m", "i2d2.generate", f"run_dir={run_dir}", "generate.concepts=[violin]",
+                            "decoding.beam_size=0"], capture_output=True, text=True, timeout=120, env=launch_env())
+        assert r.returncode == 2 and "error: decoding.beam_size" in r.stderr, r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert [p.name for p in (run / "hydra").iterdir()] == ["2026-01-01_00-00-00"]
+
+
 def test_the_model_decodes_on_the_inference_device(tmp_path, monkeypatch, critic_dir):
     """The loop moves P_k to resolve_device(cfg.trainer) for perplexity and decoding; generate left it on the CPU
     (only the critic went to the GPU)."""
