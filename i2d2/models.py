@@ -374,16 +374,28 @@ def check_lora_targets(name: str, lora, where: str, cache: str | None = None) ->
     """``apply_lora`` on the skeleton of the causal LM ``name`` (built from its config on the meta device: no weights
     are read), so that a ``target_modules`` matching none of its modules fails at start-up, naming ``where``, not
     when fine-tuning begins after generation and the critic."""
+    apply_lora(causal_lm_skeleton(name, cache), lora, "CAUSAL_LM", where)
+
+
+def causal_lm_skeleton(name: str, cache: str | None = None):
+    """The causal LM ``name`` built from its config on the meta device (no weights read; a tiny model is built
+    whole). The packaged Gemma not yet converted is built from its architecture's config instead of converting it."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if name.startswith("tiny:"):
-        model = load_causal_lm(name)[0]
-    else:
-        path = gemma_safetensors_dir(cache) if name == "packaged:gemma3-270m" else _hub_or_local(name, "causal LM")
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    apply_lora(model, lora, "CAUSAL_LM", where)
+        return load_causal_lm(name)[0]
+    if name != "packaged:gemma3-270m":
+        config = AutoConfig.from_pretrained(_hub_or_local(name, "causal LM"))
+    elif _converted_from(cache_dir(cache) / "gemma3-270m") == gemma_source():
+        config = AutoConfig.from_pretrained(gemma_safetensors_dir(cache))
+    else:  # not converted yet (~2 min, done when the run loads it): the module names LoRA matches are the
+        # architecture's, whatever its sizes; 18 layers as the 270M has, so that layer indices match too
+        from transformers import Gemma3TextConfig
+
+        config = Gemma3TextConfig(num_hidden_layers=18)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def load_sentence_encoder(name: str = "packaged:minilm", device: str | None = None):

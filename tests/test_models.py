@@ -29,6 +29,20 @@ def test_gemma_conversion_is_cached(gemma, tmp_path):
     assert "quantization_config" not in (path / "config.json").read_text()
 
 
+def test_lora_check_on_the_packaged_gemma_converts_nothing(gemma, tmp_path):
+    # with an empty cache the start-up LoRA check converted the packaged Gemma (~2 min) to read its config
+    empty = tmp_path / "cache"
+    with pytest.raises(ValueError, match=r"task\.finetune\.lora: .*Target modules \{'nope'\} not found"):
+        models.check_lora_targets("packaged:gemma3-270m", {"target_modules": ["nope"]}, "task.finetune.lora",
+                                  str(empty))
+    models.check_lora_targets("packaged:gemma3-270m", {"target_modules": "all-linear"}, "task.finetune.lora",
+                              str(empty))
+    assert list(empty.iterdir()) == []  # nothing assembled or converted
+    # the skeleton it checks against has the converted model's module names, layer for layer
+    names = lambda m: sorted(n for n, x in m.named_modules() if isinstance(x, torch.nn.Linear))  # noqa: E731
+    assert names(models.causal_lm_skeleton("packaged:gemma3-270m", str(empty))) == names(gemma[0])
+
+
 def test_minilm_embeddings_group_bicycle_sentences():
     enc = models.load_sentence_encoder("packaged:minilm")
     e = enc.encode(["A bicycle has two wheels.", "Bikes are ridden on two wheels.",
