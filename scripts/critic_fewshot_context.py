@@ -65,6 +65,14 @@ mean gains +0.025 / +0.032 / +0.019 / +0.010 / +0.023 with 3, 5, 4, 5, 4 of 5 fo
 stmt|judge on every partition. With the examples' whole concepts also left out (--drop-example-concepts, 2,082
 statements) the gain is +0.030, 5 of 5 folds: no leak through the examples' concepts. A small gain, in the same
 direction on 25 of 30 folds; the folds share their training rows, so they are not independent draws.
+
+``--contexts k20,k32,k64`` adds larger contexts (stmt|judge), drawn as ``critic.probe_context.examples=20 / 32 / 64``
+would draw them (seed 0, as k16), each compared fold by fold with k16 stmt|judge under a rule set before they were
+measured: one replaces k16 only if it beats k16 on at least 4 of 5 folds and by more than 0.01 mean CV AP. Their
+examples leave every variant's rows too, so k16's figures move a little. A context after which a ``max_length``
+statement would not fit the LM is refused before any features (exit 2), as the critic refuses it: on the packaged
+Gemma 3 270M (a 512-token sliding window) k16 takes 352 + 7 + 64 = 423 tokens, k20 434 + 71 = 505, and k32 (677) and
+k64 (1,307) do not fit.
 """
 
 from __future__ import annotations
@@ -80,12 +88,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from critics.probe import lm_body, context_examples, context_features, context_ids, context_text, item_ids  # noqa: E402
+from critics.probe import (lm_body, check_context_length, context_examples, context_features, context_ids,  # noqa: E402
+                           context_text, item_ids)
 
 # name: (examples, seed of the draw), drawn as critic.probe_context draws them (critics.probe.context_examples: half
-# true, the rest in turn from probe_context.not_true); k0: the instruction alone, a control for the template
-VARIANTS = {"k8a": (8, 0), "k8b": (8, 1), "k16": (16, 0), "k16s2": (16, 2), "k0": (0, 0)}
+# true, the rest in turn from probe_context.not_true); k0: the instruction alone, a control for the template.
+# k20 / k32 / k64: larger contexts, the draw of critic.probe_context.examples=20 / 32 / 64 (seed 0, as k16); on the
+# packaged Gemma 3 270M only k20 fits (its 512-token sliding window), and the others are refused before any features
+VARIANTS = {"k8a": (8, 0), "k8b": (8, 1), "k16": (16, 0), "k16s2": (16, 2), "k0": (0, 0),
+            "k20": (20, 0), "k32": (32, 0), "k64": (64, 0)}
 DEFAULT_VARIANTS = "k8a,k8b,k16"
+# --contexts: a larger context replaces k16 only if its CV AP beats k16's on at least this share of the folds (4 of
+# 5) and by more than ADOPT_MEAN on average (the rule was set before k20 / k32 / k64 were measured)
+ADOPT_FOLDS, ADOPT_MEAN = 0.8, 0.01
 
 
 def build_prefix(tok, c: dict, name: str, rows, texts, train_idx):
@@ -97,6 +112,25 @@ def build_prefix(tok, c: dict, name: str, rows, texts, train_idx):
                           c["label_map"]) if k else []
     text = context_text(pc["instruction"], [texts[i] for i in ex], [rows[i]["y"] == 1 for i in ex])
     return context_ids(tok, text), ex, text
+
+
+def contexts_too_long(model, tok, c: dict, names, rows, texts, train_idx) -> list[str]:
+    """One message per variant of ``names`` whose context and a statement of ``max_length`` tokens would not fit the
+    LM (``critics.probe.check_context_length``, which the critic itself raises): checked before any features."""
+    out = []
+    for name in names:
+        prefix, _, _ = build_prefix(tok, c, name, rows, texts, train_idx)
+        try:
+            check_context_length(model, tok, len(prefix), int(c["max_length"]))
+        except ValueError as e:
+            out.append(f"{name}: {e}")
+    return out
+
+
+def adoption(diff: np.ndarray) -> tuple[int, float, bool]:
+    """(folds above 0, mean, whether the rule is met) of a larger context's per-fold CV AP minus k16's."""
+    wins = int((diff > 0).sum())
+    return wins, float(diff.mean()), wins >= int(np.ceil(ADOPT_FOLDS * len(diff) - 1e-9)) and diff.mean() > ADOPT_MEAN
 
 
 def margin_direction(model, tok):
@@ -188,8 +222,15 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
     layer, grid = int(c["probe_layer"]), [float(x) for x in c["probe_C"]]
     cache_dir = Path(args.cache_dir)
     suffix = f"_limit{args.limit}" if args.limit else ""
+    t_start = time.time()
     model, tok = load_causal_lm(c["probe_lm"])  # a few seconds; the prefixes need its tokenizer
     model = model.to(resolve_device(None)).eval()
+    contexts = [v for v in dict.fromkeys(args.contexts.split(",")) if v and v not in ("k16", "k0")]
+    refused = contexts_too_long(model, tok, c, contexts, full_rows, full_texts, full_tr)
+    if refused:  # the critic would refuse critic.probe_context.examples=k: say so before minutes of features
+        for msg in refused:
+            print(f"error: --contexts: {msg}", file=sys.stderr)
+        return 2
 
     feats, secs, note = {}, {}, {}
     X, s, hit = cached_features(
@@ -202,7 +243,8 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
     print(f"plain features: {'read from cache, ' if hit else ''}{s:.0f}s when computed", flush=True)
     example_stmts = set()
     second_draw = (("k16s2", ("stmt|judge",)),) if args.second_draw else ()
-    for name, readouts in (("k16", ("stmt", "judge", "stmt|judge")), ("k0", ("stmt|judge",))) + second_draw:
+    larger = tuple((name, ("stmt|judge",)) for name in contexts)
+    for name, readouts in (("k16", ("stmt", "judge", "stmt|judge")), ("k0", ("stmt|judge",))) + second_draw + larger:
         prefix, ex, text = build_prefix(tok, c, name, full_rows, full_texts, full_tr)
         example_stmts |= {full_rows[i]["statement"] for i in ex}
         print(f"\n== {name}: {len(ex)} examples, prefix {len(prefix)} tokens ==\n{text}", flush=True)
@@ -312,6 +354,21 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
           + f"   mean {d.mean():+.3f} (sd {d.std(ddof=1):.3f}), {int((d > 0).sum())} of {len(d)} above 0")
     chosen = max(feats, key=lambda v: per_fold[v].mean())
     print(f"\nchosen by CV: {chosen} (CV AP {per_fold[chosen].mean():.3f}); plain probe {per_fold[ref].mean():.3f}")
+    if contexts:
+        print(f"\nlarger contexts against k16 stmt|judge (CV AP {per_fold['k16 stmt|judge'].mean():.3f}); rule: "
+              f"beats it on >= {ADOPT_FOLDS:.0%} of the folds and by > {ADOPT_MEAN} mean")
+        met = []
+        for name in contexts:
+            v = f"{name} stmt|judge"
+            d = per_fold[v] - per_fold["k16 stmt|judge"]
+            wins, mean, ok = adoption(d)
+            met += [v] if ok else []
+            print(f"  {v:20s} CV AP {per_fold[v].mean():.3f}; minus k16 per fold " + " ".join(f"{x:+.3f}" for x in d)
+                  + f"   mean {mean:+.3f}, {wins} of {len(d)} above 0: rule {'met' if ok else 'not met'}"
+                  + f" (features {secs[v]:.0f}s, fits {fit_s[v]:.0f}s)")
+        best_met = max(met, key=lambda v: per_fold[v].mean()) if met else None
+        print(f"decision: {best_met + ' replaces k16' if best_met else 'k16 stays the default'}")
+    print(f"\n{time.time() - t_start:.0f}s in all (features computed or read, fits, test description)")
     return 0
 
 
@@ -328,6 +385,9 @@ def main(argv=None) -> int:
                     help="--cv: also k16s2 (another seed's 16 examples) alone and side by side with k16")
     ap.add_argument("--concept-mean", action="store_true",
                     help="--cv: also k16 stmt|judge beside its concept's mean feature, centred on it, and centred only")
+    ap.add_argument("--contexts", default="",
+                    help="--cv: also these larger contexts' stmt|judge (of k20,k32,k64), each compared fold by fold "
+                         "with k16 stmt|judge; one that would not fit the LM is refused before any features")
     ap.add_argument("--layers", default="", help="--cv: also k16 stmt|judge read at these layers, e.g. 8,10,12,14,16")
     ap.add_argument("--cache-dir", default=str(ROOT / "runs" / "critic_fewshot_features"), help="--cv: where features_*.npz are kept (reruns only fit)")
     ap.add_argument("--drop-example-concepts", action="store_true",
@@ -339,6 +399,9 @@ def main(argv=None) -> int:
     unknown = [v for v in args.variants.split(",") if v and v not in VARIANTS]
     if unknown:
         ap.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
+    unknown = [v for v in args.contexts.split(",") if v and v not in VARIANTS]
+    if unknown:
+        ap.error(f"--contexts: unknown {unknown}; choose from {list(VARIANTS)}")
     if args.folds < 2:
         ap.error(f"--folds must be >= 2, got {args.folds}")
     if args.layers and not all(x.strip().isdigit() for x in args.layers.split(",")):
@@ -349,7 +412,9 @@ def main(argv=None) -> int:
     from sklearn.preprocessing import StandardScaler
 
     from critics.metrics import average_precision
-    from critics.probe import best_on_dev, positive_scores, probe_classifier, probe_lm_features
+    from critics.probe import best_on_dev, lm_features, positive_scores, probe_classifier
+    from i2d2.lightning_setup import resolve_device
+    from i2d2.models import load_causal_lm
     from critics.train import critic_config, labelled_splits
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
@@ -377,9 +442,17 @@ def main(argv=None) -> int:
         return ap_dev, average_precision(ys[te], scores[key][te]), float(C)
 
     results = []  # (variant, readout, dev AP, test AP, C, seconds of features)
-    t0 = time.time()
-    X, model, tok = probe_lm_features(c, texts)
-    model.eval()
+    # the LM first (a few seconds), so that a context too long for it is refused before the plain probe's features
+    model, tok = load_causal_lm(c["probe_lm"])
+    model = model.to(resolve_device(None)).eval()
+    refused = contexts_too_long(model, tok, c, [v for v in args.variants.split(",") if v], full_rows, full_texts,
+                                full_tr)
+    if refused:
+        for msg in refused:
+            print(f"error: --variants: {msg}", file=sys.stderr)
+        return 2
+    t0 = time.time()  # the plain probe's features, as critics.probe.probe_lm_features reads them
+    X = lm_features(model, tok, texts, layer, int(c["eval_batch_size"]), int(c["max_length"]))
     secs = time.time() - t0
     results.append(("none (plain probe)", "mean|last", *fit(X, tr, ("none (plain probe)", "mean|last")), secs))
     print(f"plain probe: dev {results[-1][2]:.3f} test {results[-1][3]:.3f} ({secs:.0f}s)", flush=True)

@@ -195,16 +195,78 @@ def test_bench_decoding_checks_its_numbers_before_loading_a_model(scripts, monke
 def test_fewshot_context_checks_variants_before_computing_features(scripts, monkeypatch, capsys):
     """An unknown --variants name was a KeyError after the plain probe's features (minutes of Gemma)."""
     import critics.probe
+    import i2d2.models
 
-    monkeypatch.setattr(critics.probe, "probe_lm_features",
-                        lambda *a, **k: pytest.fail("features computed before the arguments were checked"))
+    for where, name in ((critics.probe, "probe_lm_features"), (i2d2.models, "load_causal_lm")):
+        monkeypatch.setattr(where, name, lambda *a, **k: pytest.fail("LM loaded before the arguments were checked"))
     import critic_fewshot_context
 
-    for bad, flag in ((["--variants", "k16,k32"], "--variants"), (["--cv", "--folds", "1"], "--folds"),
-                      (["--cv", "--layers", "8,,12"], "--layers")):
+    for bad, flag in ((["--variants", "k16,k99"], "--variants"), (["--cv", "--folds", "1"], "--folds"),
+                      (["--cv", "--layers", "8,,12"], "--layers"), (["--cv", "--contexts", "k20,k33"], "--contexts")):
         with pytest.raises(SystemExit) as e:
             critic_fewshot_context.main(bad)
         assert e.value.code == 2 and flag in capsys.readouterr().err
+
+
+def _labelled_rows(n_concepts: int = 80):
+    """(rows, texts, ys, (train, dev, test)) as critics.train.labelled_splits returns them: every concept has one
+    statement of each label; the last ten concepts are dev and test."""
+    labels = ["true", "false", "too_vague_to_judge", "episodic", "ad_copy"]
+    rows = [{"statement": f"Thing {c} is {lab.replace('_', ' ')}.", "concept": f"c{c}", "label": lab,
+             "y": int(lab == "true")} for c in range(n_concepts) for lab in labels]
+    texts = [r["statement"] for r in rows]
+    idx = np.arange(len(rows))
+    cut = [5 * (n_concepts - 10), 5 * (n_concepts - 5)]
+    return rows, texts, np.array([r["y"] for r in rows]), tuple(np.split(idx, cut))
+
+
+def test_fewshot_context_larger_contexts_are_the_critics_draws_and_refused_where_they_do_not_fit(
+        scripts, monkeypatch, capsys):
+    """k20 / k32 / k64 are the contexts critic.probe_context.examples=20 / 32 / 64 builds (critics.probe.probe_context),
+    and --cv --contexts refuses one that would not fit the LM (as the critic raises), before any features."""
+    import copy
+
+    from hydra import compose, initialize_config_dir
+
+    import critics.probe
+    import critics.train
+    import i2d2.models
+    from critics.probe import item_ids, probe_context
+    from critics.train import critic_config
+
+    import critic_fewshot_context as fs
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        c = critic_config(compose(config_name="train").critic)
+    rows, texts, ys, (tr, dv, te) = _labelled_rows()
+    model, tok = i2d2.models.tiny_model("gemma")
+    prefixes = {}
+    for name, k in (("k16", 16), ("k20", 20), ("k32", 32), ("k64", 64)):
+        prefix, ex, text = fs.build_prefix(tok, c, name, rows, texts, tr)
+        cc = copy.deepcopy(c)
+        cc["probe_context"]["examples"] = k
+        assert (text, ex) == probe_context(cc, rows, texts, tr) and len(ex) == k
+        assert sum(ys[ex]) == k // 2 and {rows[i]["concept"] for i in ex} <= {rows[i]["concept"] for i in tr}
+        prefixes[name] = len(prefix)
+    # a window that takes k20's context and a max_length statement, not k32's
+    window = prefixes["k20"] + len(item_ids(tok, "")[0]) + int(c["max_length"])
+    assert window < prefixes["k32"]
+    model.config.sliding_window = window
+    model.config.max_position_embeddings = 4 * prefixes["k64"]
+    assert fs.contexts_too_long(model, tok, c, ["k16", "k20"], rows, texts, tr) == []
+    too_long = fs.contexts_too_long(model, tok, c, ["k20", "k32", "k64"], rows, texts, tr)
+    assert [m.split(":")[0] for m in too_long] == ["k32", "k64"] and all("sliding window" in m for m in too_long)
+
+    monkeypatch.setattr(critics.train, "labelled_splits", lambda *a, **k: (rows, texts, ys, (tr, dv, te), 0))
+    monkeypatch.setattr(i2d2.models, "load_causal_lm", lambda *a, **k: (model, tok))
+    for name in ("lm_features", "context_features"):
+        monkeypatch.setattr(critics.probe, name, lambda *a, **k: pytest.fail("features computed before the check"))
+        monkeypatch.setattr(fs, name, lambda *a, **k: pytest.fail("features computed before the check"), raising=False)
+    assert fs.main(["--cv", "--contexts", "k20,k32", "--cache-dir", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --contexts: k32: critic.probe_context: the context" in err and "k20:" not in err
+    assert fs.main(["--variants", "k16,k64"]) == 2  # the dev pick too, before the plain probe's features
+    assert "error: --variants: k64: " in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- bench_filter_memory
