@@ -343,6 +343,9 @@ def run_cv(args, c, rows, texts, ys, tr, dv, te, full_rows, full_texts, full_tr)
         print(f"{v:20s} {grid[best[v]]:6g} {a.mean():9.3f} ± {a.std(ddof=1):.3f} {wins:>13s} {test_ap[v]:8.3f} "
               f"{secs[v]:7.0f} ({note[v]})")
     print("(sd over folds, ddof 1; each variant at its own CV-best C; test AP is description only, chose nothing)")
+    print(f"\nper-fold CV AP (each at its CV-best C), folds 1..{len(folds)}:")
+    for v in feats:
+        print(f"  {v:20s} " + " ".join(f"{x:.3f}" for x in per_fold[v]))
     print(f"\nper-fold AP minus the plain probe's (each at its CV-best C), folds 1..{len(folds)}:")
     for v in feats:
         if v != ref:

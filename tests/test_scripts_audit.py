@@ -314,3 +314,41 @@ def test_eval_contradiction_writes_its_metrics_atomically(tmp_path, scripts, mon
     with pytest.raises(_WriteInterrupted):
         eval_contradiction.main(["eval", "--judged", str(judged), "--out", str(out)])
     assert out.read_text() == "old"
+
+
+def test_fewshot_context_cv_compares_a_larger_context_with_k16_fold_by_fold(scripts, monkeypatch, capsys, tmp_path):
+    """--cv --contexts k20 end to end on the tiny Gemma (features computed, cached, fitted): the table gives every
+    variant's per-fold CV AP, and k20 is compared with k16 stmt|judge under the adoption rule."""
+    import critics.train
+    import i2d2.models
+
+    import critic_fewshot_context as fs
+
+    rows, texts, ys, splits = _labelled_rows(40)
+    model, tok = i2d2.models.tiny_model("gemma")
+    model.config.sliding_window = model.config.max_position_embeddings = 4096
+    monkeypatch.setattr(critics.train, "labelled_splits", lambda *a, **k: (rows, texts, ys, splits, 0))
+    config = critics.train.critic_config
+    monkeypatch.setattr(critics.train, "critic_config", lambda cfg: {**config(cfg), "probe_layer": 1})  # 2 layers
+    monkeypatch.setattr(i2d2.models, "load_causal_lm", lambda *a, **k: (model, tok))
+    assert fs.main(["--cv", "--contexts", "k16,k20", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    cached = sorted(p.name for p in tmp_path.glob("*.npz"))
+    assert cached == [f"features_{v}.npz" for v in ("k0", "k16", "k20", "plain")]
+    per_fold = out.split("per-fold CV AP (each at its CV-best C), folds 1..5:\n")[1].split("\n\n")[0].splitlines()
+    assert [line.split()[0] for line in per_fold] == ["plain", "k16", "k16", "k16", "k0", "k20"]
+    assert all(len(line.split()) == 2 + 5 and all(0 <= float(x) <= 1 for x in line.split()[2:]) for line in per_fold)
+    rule = [line for line in out.splitlines() if line.startswith("  k20 stmt|judge       CV AP")]
+    assert len(rule) == 1 and rule[0].count("+") + rule[0].count("-") >= 5 and "rule " in rule[0]
+    decision = out.split("decision: ")[1].splitlines()[0]
+    assert decision in ("k16 stays the default", "k20 stmt|judge replaces k16")
+    assert ("not met" in rule[0]) == (decision == "k16 stays the default")
+
+
+def test_fewshot_context_adoption_rule():
+    """A larger context replaces k16 only if it beats k16 on at least 4 of 5 folds and by more than 0.01 mean."""
+    from critic_fewshot_context import adoption
+
+    assert adoption(np.array([0.02, 0.02, 0.02, 0.02, -0.01])) == (4, pytest.approx(0.014), True)
+    assert not adoption(np.array([0.02, 0.02, 0.02, -0.01, -0.01]))[2]  # 3 of 5
+    assert not adoption(np.array([0.01, 0.01, 0.01, 0.01, 0.01]))[2]  # mean not above 0.01
