@@ -72,7 +72,9 @@ measured: one replaces k16 only if it beats k16 on at least 4 of 5 folds and by 
 examples leave every variant's rows too, so k16's figures move a little. A context after which a ``max_length``
 statement would not fit the LM is refused before any features (exit 2), as the critic refuses it: on the packaged
 Gemma 3 270M (a 512-token sliding window) k16 takes 352 + 7 + 64 = 423 tokens, k20 434 + 71 = 505, and k32 (677) and
-k64 (1,307) do not fit.
+k64 (1,307) do not fit. Measured (2,274 statements once k20's 20 example rows are out; 2026-11-29): k16 stmt|judge
+CV AP 0.717, k20 0.718; k20 minus k16 per fold +0.014 +0.022 -0.001 -0.016 -0.016 (mean +0.000, 2 of 5 above 0), so
+the rule is not met and k16 stays (critics/EXPERIMENTS.md, "Few-shot context"). k20's features took 194 s.
 """
 
 from __future__ import annotations
