@@ -87,7 +87,7 @@ class ProbeContextConfig:
     ``max_words`` words, one per concept, drawn with ``seed``) are written after ``instruction`` as
     "Statement: ...\nJudgement: true|false" and put before every statement the probe reads, as
     "Statement: <s>\nJudgement:". The probe then reads the statement's states and the state at "Judgement:".
-    Grouped 5-fold CV on train + dev: AP 0.715 vs 0.693 without context (README: "Which critic")."""
+    Grouped 5-fold CV on train + dev: AP 0.716 vs 0.697 without context (README: "Which critic")."""
 
     examples: int = 0  # 0: no context (the plain probe)
     # labels the not-true half is drawn from, in turn; empty: every label the label map makes invalid, by name
