@@ -61,6 +61,12 @@ from i2d2 import schemas  # noqa: E402  (typed defaults: decoding, critic, fine-
 schemas.register()
 
 
+def _drop_lightning_tips(record: logging.LogRecord) -> bool:
+    """Lightning prints an advertisement ("💡 Tip: ... try installing litlogger") for every Trainer it builds,
+    several times a run."""
+    return not str(record.msg).startswith("💡 Tip:")
+
+
 def setup_run(cfg) -> None:
     """Process-wide settings every entry point wants: seeds, quiet libraries, offline hubs, the model cache."""
     import lightning as L
@@ -72,6 +78,14 @@ def setup_run(cfg) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s %(name)s] %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "DeepSpeed"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # `import lightning` gives its logger a console handler of its own, and the root logger (Hydra's, or the one
+    # basicConfig just set) prints every record too: each Lightning line came out twice, once as "INFO: ..."
+    lightning_log = logging.getLogger("lightning")
+    for handler in [h for h in lightning_log.handlers if type(h) is logging.StreamHandler]:
+        lightning_log.removeHandler(handler)
+    rank_zero_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _drop_lightning_tips not in rank_zero_log.filters:  # setup_run runs once per entry point, tests many times
+        rank_zero_log.addFilter(_drop_lightning_tips)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     use_cache_dir(cfg.get("cache_dir"))  # every loader's cache, those not handed the config included
 

@@ -251,3 +251,27 @@ BAD_VALUES = [
 def test_bad_values_fail_at_start_up_naming_the_key(overrides, pattern):
     with pytest.raises((ValueError, OSError), match=pattern):  # python -m i2d2.train: exit 2, 'error: <message>'
         _start(overrides)
+
+
+def test_lightning_lines_are_printed_once():
+    # `import lightning` adds a console handler to its logger while the root logger prints every record too: each
+    # Lightning line ("GPU available: False, used: False", "`Trainer.fit` stopped") was in the run's log twice
+    code = ("import logging; logging.basicConfig(level=logging.INFO); "  # as Hydra has it before lightning's import
+            "from omegaconf import OmegaConf; from i2d2.config import setup_run; "
+            "setup_run(OmegaConf.create({'seed': 0})); "
+            "from lightning.pytorch.utilities.rank_zero import rank_zero_info; rank_zero_info('hello from lightning')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (r.stdout + r.stderr).count("hello from lightning") == 1, r.stdout + r.stderr
+
+
+def test_lightnings_litlogger_tip_is_not_printed():
+    # printed for every Trainer built (critic fit, fine-tuning, each CMP run): an advertisement, not a message
+    code = ("import logging; logging.basicConfig(level=logging.INFO); "
+            "from omegaconf import OmegaConf; from i2d2.config import setup_run; "
+            "setup_run(OmegaConf.create({'seed': 0})); setup_run(OmegaConf.create({'seed': 0})); "
+            "import lightning as L; L.Trainer(logger=False, enable_progress_bar=False, accelerator='cpu')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert "GPU available" in out and "litlogger" not in out, out
