@@ -454,13 +454,13 @@ def prompt_candidates(cfg_data, concepts: list[Concept] | None = None, exclude: 
 
 def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None,
                           concepts: list[Concept] | None = None, candidates: Candidates | None = None,
-                          ppl: np.ndarray | None = None) -> dict:
+                          ppl: np.ndarray | None = None, what: str = "prompts") -> dict:
     """Load concepts (or take ``concepts``), build and score prompt variants, attach constraints, write the
     prompts JSONL.
 
     ``candidates``: ``prompt_candidates(cfg_data, concepts)``, already built; ``ppl``: the perplexities of its
     ``to_score()`` texts, already computed (the loop splits that pass over its ranks); without it the LM scores
-    them here.
+    them here. ``what`` names the pool in the log line (the loop's held-out prompts are built here too).
 
     The table is a ``datasets.Dataset`` written with ``to_json`` into a temporary file renamed over
     ``out_path``. Malformed concept lines are skipped (``on_error: skip``, listed in the summary and in
@@ -533,10 +533,11 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
         seconds=round(time.time() - t0, 2), concept_errors=errors[:50],
     )
     write_json(out_path.with_name(out_path.name + ".summary.json"), summary)
-    log.info("prompts: %d concepts -> %d pairs (%d variants, %s) -> %d kept, %d over threshold -> %d prompts",
-             summary["n_concepts"], len(groups), len(texts),
-             f"one form each: {forms}" if selection == "forms" else "lowest perplexity of each pair",
-             len(kept), len(dropped), len(rows))
+    log.info("%s: %d concepts -> %d pairs (%d variants: %s) -> %d kept, %d over the perplexity threshold -> "
+             "%d prompts (%d of them with a related concept)", what, summary["n_concepts"], len(groups), len(texts),
+             f"each pair's first form of {forms} that it has" if selection == "forms"
+             else "the lowest perplexity of each pair", len(kept), len(dropped), len(rows),
+             summary["n_with_related"])
     if tracker is not None:
         tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         step = max(1, len(rows) // 20)

@@ -458,6 +458,9 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
         rng = np.random.default_rng(int(cfg.seed) + (k if sampling == "fresh" else 0))
         rows = sample_prompts(pool, max_prompts, rng)
         write_jsonl(d / "prompts.jsonl", rows)
+        log.info("prompts: iteration %d decodes %d of the pool's %d prompts (task.max_prompts=%s, %s), %d concepts",
+                 k, len(rows), len(pool), max_prompts, "drawn afresh each iteration" if sampling == "fresh"
+                 else "the same draw each iteration", len({r.get("concept") for r in rows}))
         return {"n_pool": len(pool), "n_prompts": len(rows),
                 "n_concepts": len({r.get("concept") for r in rows}), **{f"build_{a}": b for a, b in info.items()
                                                                        if isinstance(b, (int, float))}}
@@ -886,10 +889,13 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
     def fn(d: Path) -> dict:
         model, tok = lm()
         if k == 0:
-            build_generic_prompts(cfg.data, model, tok, d / "pool.jsonl", concepts=heldout_concepts(hcfg))
+            build_generic_prompts(cfg.data, model, tok, d / "pool.jsonl", concepts=heldout_concepts(hcfg),
+                                  what="held-out prompts")
             pool = read_jsonl(d / "pool.jsonl")
             n = len({p["concept"] for p in pool}) * int(hcfg.get("prompts_per_concept", 2))
             write_jsonl(d / "prompts.jsonl", sample_prompts(pool, n, np.random.default_rng(int(cfg.seed))))
+            log.info("held-out prompts: %d of the pool's %d (task.heldout.prompts_per_concept=%s), the same every "
+                     "iteration", min(n, len(pool)), len(pool), hcfg.get("prompts_per_concept", 2))
         else:
             if not prompts0.exists():
                 raise MissingIterationError(f"iteration {k} reuses iteration 0's held-out prompts, but {prompts0} is missing")
