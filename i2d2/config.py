@@ -48,8 +48,30 @@ def wandb_mode() -> str:
     return "offline"
 
 
+# Hydra's log folders this process named (absolute path -> run_dir and whether it existed before Hydra made it), so
+# that a launch refused at start-up removes only what it made (i2d2.train.discard_launch_folders)
+LAUNCH_DIRS: dict[str, dict] = {}
+
+
+def launch_dir(run_dir, name: str) -> str:
+    """``hydra.run.dir``: ``<run_dir>/hydra/<name>_<pid>``. The pid makes it this process's own (two launches in
+    the same second shared one folder and one log), and Hydra resolves this before it makes any folder, so whether
+    run_dir already existed is known here. An empty or null run_dir (``run_dir=`` put the log folder at /hydra,
+    ``run_dir=null`` in a folder named None) gets a folder under the temporary directory instead, for as long as
+    the start-up check takes to refuse it (an error raised here was a page of Hydra traceback)."""
+    if run_dir is None or not str(run_dir).strip():
+        import tempfile
+
+        run_dir = Path(tempfile.gettempdir()) / f"i2d2-no-run-dir-{os.getpid()}"
+    path = Path(str(run_dir)) / "hydra" / f"{name}_{os.getpid()}"
+    LAUNCH_DIRS.setdefault(str(path.absolute()), {"run_dir": Path(str(run_dir)).absolute(),
+                                                  "run_dir_existed": Path(str(run_dir)).exists()})
+    return str(path)
+
+
 def register_resolvers() -> None:
-    for name, fn in {"i2d2.conf_path": conf_path, "i2d2.wandb_mode": wandb_mode}.items():
+    for name, fn in {"i2d2.conf_path": conf_path, "i2d2.wandb_mode": wandb_mode,
+                     "i2d2.launch_dir": launch_dir}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

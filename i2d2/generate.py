@@ -9,6 +9,7 @@ into it resumes from the finished generation shards (Ctrl-C exits with code 130 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -279,7 +280,8 @@ def main(cfg: DictConfig):
         check_config(cfg)  # the values too, before the lock (they were checked after it and setup_run, or never)
         lock = RunLock(cfg.generate.out_dir).acquire() if cfg.generate.get("out_dir") else None
     except (ValueError, RuntimeError, OSError) as e:
-        discard_launch_folders(None)  # Hydra's log folder for a launch that never ran (a lock here is not taken)
+        with contextlib.suppress(Exception):  # Hydra's log folder for a launch that never ran (no lock taken yet)
+            discard_launch_folders(None)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     try:

@@ -36,7 +36,7 @@ def check_start(cfg: DictConfig) -> None:
     config.check_keys(cfg)
     # read by setup_run's seed_everything, after the run_dir lock: seed=abc was a traceback there
     config.need(config.is_int(cfg.get("seed")), "seed", f"must be an integer, got {cfg.get('seed')!r}")
-    # run_dir= (empty) ran in the working directory, and Hydra's log folder went to /hydra at the file system's root
+    # run_dir= (empty) ran in the working directory (Hydra's log folder: config.launch_dir)
     config.need(isinstance(cfg.get("run_dir"), str) and cfg.run_dir.strip() != "", "run_dir",
                 f"must name a folder, got {cfg.get('run_dir')!r}")
     from hydra.core.hydra_config import HydraConfig
@@ -168,7 +168,8 @@ def checked_run(cfg: DictConfig):
         check_recipe(cfg)
     except BaseException as e:  # noqa: BLE001  (the lock is released whatever stopped the checks, Ctrl-C too)
         try:
-            discard_launch_folders(lock)
+            with contextlib.suppress(Exception):  # tidying up never hides the error that stopped the launch
+                discard_launch_folders(lock)
         finally:
             if lock is not None:
                 lock.release()
@@ -190,10 +191,10 @@ def checked_run(cfg: DictConfig):
 
 
 def discard_launch_folders(lock) -> None:
-    """What a launch refused at start-up leaves behind is removed: Hydra made this launch's log folder
-    (``run_dir/hydra/<time>/``, its config copy and an empty log) before any check ran, and a misspelt run_dir
-    was left as a new folder holding only that and the lock file. A folder holding anything else is left as it is,
-    and the lock file only goes with a run_dir this launch held and that holds nothing else."""
+    """What a launch refused at start-up made is removed: the log folder Hydra made for it before any check ran
+    (``<run_dir>/hydra/<time>_<pid>/``, this process's own by its name: ``config.launch_dir``), and a run_dir this
+    launch created (a misspelt one) that now holds nothing, or only the lock file this launch held. A folder
+    ``hydra.run.dir`` names by hand (or a multirun's) is left alone, and so is a run_dir that existed before."""
     import shutil
     from pathlib import Path
 
@@ -201,22 +202,24 @@ def discard_launch_folders(lock) -> None:
 
     from i2d2.io import LOCK, LOCK_INFO
 
-    if not HydraConfig.initialized():  # called without Hydra (tests, a script): it made no folder
+    if not HydraConfig.initialized():
         return
-    launch = Path(HydraConfig.get().runtime.output_dir)
-    if launch.parent.name != "hydra":  # hydra.run.dir set elsewhere (even to "."), or a multirun: left alone
+    launch = Path(HydraConfig.get().runtime.output_dir).absolute()
+    made = config.LAUNCH_DIRS.get(str(launch))
+    if made is None:  # not named by i2d2.launch_dir: hydra.run.dir set by hand, or a multirun's folder
         return
-    if launch.is_dir() and {p.name for p in launch.iterdir()} <= {".hydra", f"{HydraConfig.get().job.name}.log"}:
-        shutil.rmtree(launch, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            launch.parent.rmdir()  # run_dir/hydra, when this launch was its only one
-    run = launch.parent.parent  # run_dir as Hydra read it (run_dir=null made a folder named None)
-    left = {p.name for p in run.iterdir()} if run.is_dir() else {"?"}
+    shutil.rmtree(launch, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        launch.parent.rmdir()  # run_dir/hydra, when this launch was its only one
+    run = made["run_dir"]
+    if made["run_dir_existed"] or run == Path.cwd().absolute() or not run.is_dir():
+        return
+    left = {p.name for p in run.iterdir()}
     if not left or (lock is not None and left <= {LOCK, LOCK_INFO}):
         with contextlib.suppress(OSError):  # while the lock is still held: no other launch can be inside it
             for name in (LOCK_INFO, LOCK):
                 (run / name).unlink(missing_ok=True)
-            run.rmdir()
+            run.rmdir()  # only ever an empty folder
 
 
 def close_process_group() -> None:

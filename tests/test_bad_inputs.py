@@ -438,21 +438,46 @@ def test_cli_fails_at_start_up(tmp_path, what, args, pattern):
 @pytest.mark.parametrize("value", ["", "null"])
 def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
     # run_dir= ran in the working directory (Hydra's log folder went to /hydra); run_dir=null into a folder 'None'
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "tmp").mkdir()
     r = subprocess.run([sys.executable, "-m", "i2d2.train", f"run_dir={value}"], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=120, env={**launch_env(), "PYTHONPATH": str(ROOT)})
+                       cwd=tmp_path / "cwd", timeout=120, env=launch_env(TMPDIR=str(tmp_path / "tmp")))
     assert r.returncode == 2 and "error: run_dir: must name a folder" in r.stderr, r.stderr[-2000:]
-    assert list(tmp_path.iterdir()) == []
+    assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
 
 
-def test_a_refused_launch_leaves_an_existing_run_dir_as_it_was(tmp_path):
+def test_a_refused_launch_removes_only_what_it_made(tmp_path):
     run = tmp_path / "run"
-    (run / "hydra" / "2026-01-01_00-00-00" / ".hydra").mkdir(parents=True)  # an earlier launch's log folder
+    live = run / "hydra" / "2026-01-01_00-00-00_1"  # another launch's log folder: Hydra's files only
+    (live / ".hydra").mkdir(parents=True)
+    (live / "train.log").write_text("")
     (run / "iter_0").mkdir()
     (run / "iter_0" / "rows.jsonl").write_text('{"a": 1}\n')
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+
+    def files():
+        return sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name not in (".i2d2.lock", "_LOCK.json"))
+
     r = cli(f"run_dir={run}", "task.filter.delta=2")  # refused after the lock was taken
     assert r.returncode == 2 and "task.filter.delta" in r.stderr, r.stderr[-2000:]
-    assert sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.name != ".i2d2.lock") == before
+    assert files() == before
+    from i2d2.io import RunLock
+
+    with RunLock(run):  # a live launch holds it: the refused one removes its own log folder, nothing of the other's
+        r = cli(f"run_dir={run}")
+        assert r.returncode == 2 and "is in use by" in r.stderr, r.stderr[-2000:]
+        assert files() == before
+    # run_dirs that existed before the launch stay, empty or not, the working directory too
+    for where, run_dir in ((tmp_path, "empty"), (tmp_path / "empty", ".")):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "i2d2.train", f"run_dir={run_dir}", "task.filter.delta=2"],
+                           capture_output=True, text=True, cwd=where, timeout=120, env=launch_env())
+        assert r.returncode == 2 and (tmp_path / "empty").is_dir(), r.stderr[-2000:]
+        assert not (tmp_path / "empty" / "hydra").exists()
+    # a log folder named by hand is the user's, not this launch's
+    fixed = run / "hydra" / "main"
+    r = cli(f"run_dir={run}", f"hydra.run.dir={fixed}", "task.filter.delta=2")
+    assert r.returncode == 2 and (fixed / ".hydra").is_dir(), r.stderr[-2000:]
 
 
 def table() -> str:
