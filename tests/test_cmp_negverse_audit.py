@@ -111,6 +111,7 @@ def test_cmp_check_config_refuses_before_anything_loads(tmp_path, override, key)
     ("task.downstream.finetune.dev_size=0.5", r"^task\.downstream\.finetune\.dev_size: must be an integer >= 1, "
                                               r"got 0\.5$"),
     ("task.downstream.finetune.dev_size=1.5", r"^task\.downstream\.finetune\.dev_size: .*got 1\.5$"),
+    ("task.downstream.finetune.batch_size=0", r"^task\.downstream\.finetune\.batch_size: must be an integer >= 1"),
 ])
 def test_cmp_pretrain_and_data_values_are_refused_at_start_up(tmp_path, override, message):
     from i2d2.recipes.cmp import check_config

@@ -47,7 +47,7 @@ def check_config(cfg) -> None:
 
     need_one_pass(cfg, "cmp", "one pre-training / evaluation pass")
     need_counts(cfg, "task.pretrain.batch_size", "task.pretrain.eval_batch_size", "task.eval.batch_size",
-                "task.downstream.finetune.batch_size", "task.pretrain.max_steps", "task.pretrain.val_every")
+                "task.pretrain.max_steps", "task.pretrain.val_every")
     r = cfg.task.infilling.mask_ratio  # 0 masks nothing (infilling becomes copying); above 1 is no share
     need(is_num(r) and 0 < r <= 1, "task.infilling.mask_ratio", f"must be in (0, 1], got {r!r}")
     lam = cfg.task.infilling.poisson_lambda  # 0 draws only empty spans: masking would never finish
@@ -72,7 +72,7 @@ def check_config(cfg) -> None:
             # dev_size: a count of items held out of train_path (int(): 0.5 was read as 0, 1.5 as 1), checked
             # against the file by check_downstream_settings where no dev_path is given
             need_counts(cfg, "task.downstream.finetune.steps", "task.downstream.finetune.eval_every",
-                        "task.downstream.finetune.dev_size")
+                        "task.downstream.finetune.dev_size", "task.downstream.finetune.batch_size")
             n = cfg.task.downstream.finetune.get("max_target_length")  # the Collator as in pre-training: n-1 + EOS
             need(is_int(n) and n >= 2, "task.downstream.finetune.max_target_length",
                  f"must be an integer >= 2 (one token is the end of sequence), got {n!r}")
