@@ -117,7 +117,7 @@ def test_bad_values_fail_at_start_up_naming_the_key(overrides, pattern):
                                        ["task=cmp", "task.downstream.datasets=[]", "task.downstream.finetune.steps=0"],
                                        # zero-shot alone (the default shots) never reads the fine-tuning settings
                                        ["task=cmp", "task.downstream.finetune.steps=0",
-                                        "task.downstream.finetune.dev_size=0"],
+                                        "task.downstream.finetune.dev_size=0", "task.downstream.finetune.batch_size=0"],
                                        ["task=comparatives", "data.max_pairs=null", "data.max_pairs_per_class=null"],
                                        ["task.finetune.max_steps=-1", "critic.patience=0", "critic.dropout=0.1"]],
                          ids=str)
