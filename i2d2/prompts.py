@@ -418,6 +418,7 @@ class Candidates:
     forms: list[str]
     n_without_form: int
     threshold: float | None     # data.perplexity.threshold
+    n_built: int = 0            # the variants built, before prompt_selection=forms kept one per pair
 
     def to_score(self) -> list[str]:
         """What the LM must score: every variant, or nothing when no variant is chosen or dropped by perplexity."""
@@ -443,13 +444,13 @@ def prompt_candidates(cfg_data, concepts: list[Concept] | None = None, exclude: 
                         + (f"; {'; '.join(errors[:3])}" if errors else " (empty files?)"))
     selection, forms = check_prompt_selection(cfg_data)
     groups = candidate_groups(concepts, cfg_data)
-    n_without_form = 0
+    n_built, n_without_form = sum(len(g) for g in groups), 0
     if selection == "forms":  # the measured-yield forms (README: prompt forms); perplexity only for the threshold
         chosen, n_without_form = select_by_form(groups, forms)
         groups = [[v] for v in chosen]
     threshold = _get(cfg_data, "perplexity", {}).get("threshold", 250)
     return Candidates(concepts, errors, groups, selection, forms, n_without_form,
-                      None if threshold is None else float(threshold))
+                      None if threshold is None else float(threshold), n_built)
 
 
 def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=None,
@@ -533,11 +534,15 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
         seconds=round(time.time() - t0, 2), concept_errors=errors[:50],
     )
     write_json(out_path.with_name(out_path.name + ".summary.json"), summary)
-    log.info("%s: %d concepts -> %d pairs (%d variants: %s) -> %d kept, %d over the perplexity threshold -> "
-             "%d prompts (%d of them with a related concept)", what, summary["n_concepts"], len(groups), len(texts),
-             f"each pair's first form of {forms} that it has" if selection == "forms"
-             else "the lowest perplexity of each pair", len(kept), len(dropped), len(rows),
-             summary["n_with_related"])
+    if selection == "forms":
+        chosen = (f"{cand.n_built} variants built; per pair the first of the forms {forms} it has (a goal: its "
+                  f"first template) -> {len(texts)} variants" + (f"; {n_without_form} pairs have none of those forms, "
+                                                                 "skipped" if n_without_form else ""))
+    else:
+        chosen = f"{len(texts)} variants; per pair the one of lowest perplexity"
+    log.info("%s: %d concepts -> %d pairs (%s) -> %d kept, %d over the perplexity threshold -> %d prompts (%d of "
+             "them with a related concept)", what, summary["n_concepts"], len(groups) + n_without_form, chosen,
+             len(kept), len(dropped), len(rows), summary["n_with_related"])
     if tracker is not None:
         tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         step = max(1, len(rows) // 20)

@@ -458,9 +458,10 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
         rng = np.random.default_rng(int(cfg.seed) + (k if sampling == "fresh" else 0))
         rows = sample_prompts(pool, max_prompts, rng)
         write_jsonl(d / "prompts.jsonl", rows)
-        log.info("prompts: iteration %d decodes %d of the pool's %d prompts (task.max_prompts=%s, %s), %d concepts",
-                 k, len(rows), len(pool), max_prompts, "drawn afresh each iteration" if sampling == "fresh"
-                 else "the same draw each iteration", len({r.get("concept") for r in rows}))
+        how = ("the whole pool" if len(rows) == len(pool) else f"task.max_prompts={max_prompts}, "
+               + ("drawn afresh each iteration" if sampling == "fresh" else "the same draw each iteration"))
+        log.info("prompts: iteration %d decodes %d of the pool's %d prompts (%s), %d concepts", k, len(rows),
+                 len(pool), how, len({r.get("concept") for r in rows}))
         return {"n_pool": len(pool), "n_prompts": len(rows),
                 "n_concepts": len({r.get("concept") for r in rows}), **{f"build_{a}": b for a, b in info.items()
                                                                        if isinstance(b, (int, float))}}
