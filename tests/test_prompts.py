@@ -330,6 +330,27 @@ def test_forms_selection_builds_one_prompt_per_pair_without_a_perplexity_pass(tm
     assert all(r["perplexity"] is None for r in rows)
 
 
+def test_the_prompts_log_line_counts_what_was_built_and_skipped(tmp_path, tiny_gpt2, caplog):
+    # it printed the variants left after one form per pair was kept as the variants built, and the pairs with none
+    # of the listed forms were dropped without a word
+    import logging
+
+    from i2d2 import prompts as P
+
+    cfg = data_cfg(tmp_path, prompt_selection="forms", **{"perplexity.threshold": None})
+    cfg.prompt_forms = ["adverb+bare_plural"]  # the goal pairs are built, and a noun pair lacking it is skipped
+    cand = P.prompt_candidates(cfg)
+    with caplog.at_level(logging.INFO, logger="i2d2.prompts"):
+        summary = P.build_generic_prompts(cfg, *tiny_gpt2, tmp_path / "p.jsonl", candidates=cand)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("prompts: "))
+    pairs = summary["n_pairs"] + summary["n_pairs_without_form"]
+    assert cand.n_built > summary["n_variants"] == summary["n_pairs"]
+    assert f"-> {pairs} pairs ({cand.n_built} variants built;" in line, line
+    assert f"-> {summary['n_variants']} variants" in line and f"-> {summary['n_prompts']} prompts" in line, line
+    assert (f"{summary['n_pairs_without_form']} pairs have none of those forms" in line) == \
+        (summary["n_pairs_without_form"] > 0), line
+
+
 def test_a_function_word_listed_twice_counts_once_for_a_related_form():
     from i2d2.prompts import Variant, build_constraints
 
