@@ -352,3 +352,100 @@ def test_fewshot_context_adoption_rule():
     assert adoption(np.array([0.02, 0.02, 0.02, 0.02, -0.01])) == (4, pytest.approx(0.014), True)
     assert not adoption(np.array([0.02, 0.02, 0.02, -0.01, -0.01]))[2]  # 3 of 5
     assert not adoption(np.array([0.01, 0.01, 0.01, 0.01, 0.01]))[2]  # mean not above 0.01
+
+
+# ----------------------------------------------------------------------------- critic_comparatives_context
+
+def _comparative_rows(n_pairs: int = 40):
+    """(rows, texts, ys, (train, dev, test)) of comparatives as labelled_splits returns them: every entity pair
+    ("aN | bN", entities shared by no other pair) has one statement of each of the six-label map's used labels; the
+    last ten pairs are dev and test."""
+    labels = ["true", "false", "too_vague_to_judge", "invalid", "too_subjective_to_judge"]
+    rows = [{"statement": f"Compared to a{p}, b{p} are {lab.replace('_', ' ')}.", "concept": f"a{p} | b{p}",
+             "label": lab, "y": int(lab == "true"), "prompt": f"Compared to a{p}, b{p}"}
+            for p in range(n_pairs) for lab in labels]
+    texts = [r["statement"] for r in rows]
+    cut = [5 * (n_pairs - 10), 5 * (n_pairs - 5)]
+    return rows, texts, np.array([r["y"] for r in rows]), tuple(np.split(np.arange(len(rows)), cut))
+
+
+def test_comparatives_context_cv_end_to_end_on_the_tiny_gemma(scripts, monkeypatch, capsys, tmp_path):
+    """scripts/critic_comparatives_context.py on the tiny Gemma (features computed and cached, probes and the surface
+    classifier fitted on each grouped fold of two partitions): every variant's per-fold CV AP, the rule's verdict
+    (matching ``adoption`` on the printed numbers) and the test description come out; the examples are the critic's
+    own draw (critics.probe.probe_context) from each CV training fold, with the comparatives instruction."""
+    import critics.probe
+    import critics.train
+    import i2d2.models
+
+    import critic_comparatives_context as cc
+
+    rows, texts, ys, splits = _comparative_rows()
+    model, tok = i2d2.models.tiny_model("gemma")
+    model.config.sliding_window = model.config.max_position_embeddings = 4096
+    monkeypatch.setattr(critics.train, "labelled_splits", lambda *a, **k: (rows, texts, ys, splits, 0))
+    config = critics.train.critic_config
+    monkeypatch.setattr(critics.train, "critic_config", lambda cfg: {**config(cfg), "probe_layer": 1})  # 2 layers
+    monkeypatch.setattr(i2d2.models, "load_causal_lm", lambda *a, **k: (model, tok))
+    drawn = []
+    real = critics.probe.probe_context
+
+    def spy(cfg, rows_, texts_, train_idx):
+        out = real(cfg, rows_, texts_, train_idx)
+        drawn.append((cfg["probe_context"], set(np.asarray(train_idx).tolist()), out))
+        return out
+
+    monkeypatch.setattr(critics.probe, "probe_context", spy)
+    assert cc.main(["--seeds", "0,1", "--ks", "8,16", "--cache-dir", str(tmp_path), "--describe-test"]) == 0
+    out = capsys.readouterr().out
+    assert list(tmp_path.glob("features_*.npz"))
+    # 2 partitions x 5 folds x 2 sizes, then 2 x 2 for the test description; each from its training rows only,
+    # with the comparatives instruction and every label the map makes invalid
+    assert len(drawn) == 2 * 5 * 2 + 2 * 2
+    pool = set(np.concatenate(splits[:2]).tolist())
+    for pc, train_idx, (text, ex) in drawn:
+        assert pc["instruction"] == cc.INSTRUCTION and text.startswith(cc.INSTRUCTION) and pc["not_true"] == []
+        assert set(ex) <= train_idx <= pool and len(ex) == pc["examples"] and sum(ys[ex]) == pc["examples"] // 2
+        assert {rows[i]["label"] for i in ex if not ys[i]} == {"false", "too_vague_to_judge", "invalid",
+                                                             "too_subjective_to_judge"}
+    table = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 7 and parts[0] in ("0", "1") and parts[1] in ("plain", "k0", "k8", "k16", "surface"):
+            nums = parts[3:8] if parts[1] != "surface" else parts[2:7]
+            table[(int(parts[0]), parts[1])] = np.array([float(x) for x in nums])
+    assert set(table) == {(s, v) for s in (0, 1) for v in ("plain", "k0", "k8", "k16", "surface")}
+    assert all(((0 <= a) & (a <= 1)).all() for a in table.values())
+    for v in ("k8", "k16"):
+        verdict = cc.adoption(np.array([table[(s, v)] - table[(s, "plain")] for s in (0, 1)]),
+                              np.array([table[(s, v)] for s in (0, 1)]),
+                              np.array([table[(s, "surface")] for s in (0, 1)]))
+        line = next(x for x in out.splitlines() if x.startswith(f"  {v:6s} minus plain"))
+        assert line.endswith("rule met" if verdict["adopt"] else "rule not met")
+    decision = out.split("decision: ")[1].splitlines()[0]
+    assert decision in ("no context adopted; the default stays examples: 0", "k8 becomes the comparatives default",
+                        "k16 becomes the comparatives default")
+    assert len([x for x in out.splitlines() if x.startswith("  seed ") and "surface" in x]) == 2
+
+
+def test_comparatives_context_adoption_rule_and_arguments(scripts):
+    """The rule set before measuring: >= 4 of 5 folds above plain in most partitions, > 0.02 mean, above the surface
+    floor in CV; bad arguments are refused before the LM loads."""
+    from critic_comparatives_context import adoption, main
+
+    win = np.array([[0.05, 0.05, 0.05, 0.05, -0.01]] * 4)
+    ap, floor = np.full((4, 5), 0.6), np.full((4, 5), 0.5)
+    assert adoption(win, ap, floor)["adopt"]
+    assert not adoption(win, ap, np.full((4, 5), 0.61))["adopt"]  # under the surface floor
+    assert not adoption(win / 5, ap, floor)["adopt"]  # mean 0.008
+    two = np.array([[0.05, 0.05, 0.05, -0.01, -0.01]] * 2 + [[0.1] * 5] * 2)
+    assert not adoption(two, ap, floor)["adopt"]  # 2 of 4 partitions at 4 of 5 folds
+    assert adoption(np.array([[0.05, 0.05, 0.05, -0.01, -0.01]] + [[0.1] * 5] * 3), ap, floor)["adopt"]  # 3 of 4
+    gap = win.copy()
+    gap[0, 4] = np.nan  # a fold where the critic's draw refused the context: no win, and not adoptable as it stands
+    out = adoption(gap, ap, floor)
+    assert not out["adopt"] and out["drawn"] == 19 and out["wins"][0] == 4
+    assert out["mean_gain"] == pytest.approx(0.77 / 19)
+    for bad in (["--ks", "7"], ["--ks", "0"], ["--folds", "1"], ["--seeds", ""]):
+        with pytest.raises(SystemExit):
+            main(bad)
