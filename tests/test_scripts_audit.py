@@ -316,21 +316,26 @@ def test_eval_contradiction_writes_its_metrics_atomically(tmp_path, scripts, mon
     assert out.read_text() == "old"
 
 
-def test_fewshot_context_cv_compares_a_larger_context_with_k16_fold_by_fold(scripts, monkeypatch, capsys, tmp_path):
-    """--cv --contexts k20 end to end on the tiny Gemma (features computed, cached, fitted): the table gives every
-    variant's per-fold CV AP, and k20 is compared with k16 stmt|judge under the adoption rule."""
+def _critic_script_on_tiny_gemma(monkeypatch, rows, texts, ys, splits):
+    """A critic experiment script's inputs: these labelled rows for the default critic's split, and the tiny Gemma
+    (a window wide enough for any context, the probe read at its layer 1 of 2) for its LM."""
     import critics.train
     import i2d2.models
 
-    import critic_fewshot_context as fs
-
-    rows, texts, ys, splits = _labelled_rows(40)
     model, tok = i2d2.models.tiny_model("gemma")
     model.config.sliding_window = model.config.max_position_embeddings = 4096
     monkeypatch.setattr(critics.train, "labelled_splits", lambda *a, **k: (rows, texts, ys, splits, 0))
     config = critics.train.critic_config
     monkeypatch.setattr(critics.train, "critic_config", lambda cfg: {**config(cfg), "probe_layer": 1})  # 2 layers
     monkeypatch.setattr(i2d2.models, "load_causal_lm", lambda *a, **k: (model, tok))
+
+
+def test_fewshot_context_cv_compares_a_larger_context_with_k16_fold_by_fold(scripts, monkeypatch, capsys, tmp_path):
+    """--cv --contexts k20 end to end on the tiny Gemma (features computed, cached, fitted): the table gives every
+    variant's per-fold CV AP, and k20 is compared with k16 stmt|judge under the adoption rule."""
+    import critic_fewshot_context as fs
+
+    _critic_script_on_tiny_gemma(monkeypatch, *_labelled_rows(40))
     assert fs.main(["--cv", "--contexts", "k16,k20", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     cached = sorted(p.name for p in tmp_path.glob("*.npz"))
@@ -375,18 +380,11 @@ def test_comparatives_context_cv_end_to_end_on_the_tiny_gemma(scripts, monkeypat
     (matching ``adoption`` on the printed numbers) and the test description come out; the examples are the critic's
     own draw (critics.probe.probe_context) from each CV training fold, with the comparatives instruction."""
     import critics.probe
-    import critics.train
-    import i2d2.models
 
     import critic_comparatives_context as cc
 
     rows, texts, ys, splits = _comparative_rows()
-    model, tok = i2d2.models.tiny_model("gemma")
-    model.config.sliding_window = model.config.max_position_embeddings = 4096
-    monkeypatch.setattr(critics.train, "labelled_splits", lambda *a, **k: (rows, texts, ys, splits, 0))
-    config = critics.train.critic_config
-    monkeypatch.setattr(critics.train, "critic_config", lambda cfg: {**config(cfg), "probe_layer": 1})  # 2 layers
-    monkeypatch.setattr(i2d2.models, "load_causal_lm", lambda *a, **k: (model, tok))
+    _critic_script_on_tiny_gemma(monkeypatch, rows, texts, ys, splits)
     drawn = []
     real = critics.probe.probe_context
 
