@@ -131,3 +131,29 @@ def test_the_fresh_judged_pairs_share_no_pair_with_the_set_that_chose_the_rule()
     labels = {"contradiction", "entailment", "neutral", "dont_know"}
     assert len(fresh) == 200 and all(r["label"] in labels and r["annotator"] == "maintainers" for r in fresh)
     assert len({r["id"] for r in fresh}) == 200
+
+
+def test_contradiction_stage_counts_the_k_cap_apart_from_contradictions(tmp_path):
+    # 7 statements of one pair, one contradicting 4 of its 6 others: 1 contradiction, then the k=5 cap takes 1 more.
+    # The stage's 7 -> 5 alone read as 2 contradictions in the report (the default job: 25 -> 20, all 5 by the cap)
+    import pandas as pd
+
+    from i2d2.recipes.comparatives import _filter_stage, _report
+
+    C = np.zeros((7, 7))
+    C[0, 1:5] = 1.0
+    df = pd.DataFrame({"pair_id": ["a"] * 7, "statement": list("abcdefg"), "score": -np.arange(7.0)})
+    (tmp_path / "in.jsonl").write_text(df.to_json(orient="records", lines=True))
+
+    def fn(d):  # as the recipe's contradiction step: (kept, rows each step dropped)
+        dropped = {}
+        return F.contradiction_filter(d, _Fixed(C, np.zeros((7, 7))), k=5, dropped=dropped), dropped
+
+    counts = {"contradiction": _filter_stage("contradiction", tmp_path / "in.jsonl", tmp_path / "out", {}, fn)}
+    assert (counts["contradiction"]["in"], counts["contradiction"]["out"]) == (7, 5)
+    assert (counts["contradiction"]["contradicted"], counts["contradiction"]["beyond_k"]) == (1, 1)
+    prompts = {"n_classes": 1, "n_entities": 2, "n_pairs": 1, "n_pairs_after_perplexity": 1, "n_pairs_used": 1,
+               "passes": ["are generally"]}
+    report = _report(0, prompts, counts, {}, pd.DataFrame(columns=["statement", "score"]), [])
+    assert "dropped 1 statements that contradict more than half of their pair's others and 1 beyond the k best" \
+        in report

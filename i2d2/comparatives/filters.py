@@ -166,10 +166,13 @@ def contradicts_more_often_than_not(n_contradict: np.ndarray, n_others: np.ndarr
 
 def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_threshold: float = 0.85,
                          k: int | None = 5, group_col: str = "pair_id", score_col: str = "score",
-                         text_col: str = "statement") -> pd.DataFrame:
+                         text_col: str = "statement", dropped: dict | None = None) -> pd.DataFrame:
     """§2.3.3: drop statements that contradict more than half of their pair's other statements
     (``contradicts_more_often_than_not``), then keep the ``k`` best-S statements per pair.
-    Adds ``n_contradict``/``n_agree``/``n_others``."""
+    Adds ``n_contradict``/``n_agree``/``n_others``. ``dropped`` (a dict) receives how many rows each step took out,
+    ``contradicted`` and ``beyond_k``: the stage's in -> out alone reads as all contradictions."""
+    if dropped is not None:
+        dropped.update(contradicted=0, beyond_k=0)
     if df.empty:
         return df.assign(n_contradict=pd.Series(dtype=int), n_agree=pd.Series(dtype=int),
                          n_others=pd.Series(dtype=int))
@@ -184,9 +187,12 @@ def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_
     n_others = np.bincount(codes)[codes] - 1
     out = df.assign(n_contradict=n_c, n_agree=n_e, n_others=n_others)
     out = out.loc[~contradicts_more_often_than_not(n_c, n_others)]
+    n_consistent = len(out)
     if k is not None:
         top = out.sort_values(score_col, ascending=False, kind="stable").groupby(group_col, sort=False).head(int(k))
         out = out.loc[out.index.isin(top.index)]
+    if dropped is not None:
+        dropped.update(contradicted=len(df) - n_consistent, beyond_k=n_consistent - len(out))
     return out
 
 

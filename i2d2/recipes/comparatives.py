@@ -355,14 +355,17 @@ def _filter_stage(name: str, in_path: Path, out_dir: Path, fp_cfg, fn, tracker=N
         df = _df(in_path)
         t0 = time.time()
         kept = fn(df) if len(df) else df
+        # a filter with several steps returns (kept, rows each step dropped), which the summary records
+        kept, dropped = kept if isinstance(kept, tuple) else (kept, {})
         _write_df(d / "kept.jsonl", kept)
-        summary = {"in": int(len(df)), "out": int(len(kept)), "seconds": round(time.time() - t0, 2)}
-        log.info("filter %s: %d -> %d statements", name, summary["in"], summary["out"])
+        summary = {"in": int(len(df)), "out": int(len(kept)), **dropped, "seconds": round(time.time() - t0, 2)}
+        log.info("filter %s: %d -> %d statements%s", name, summary["in"], summary["out"],
+                 f" (dropped: {', '.join(f'{k} {v}' for k, v in dropped.items())})" if dropped else "")
         return summary
 
     summary = run_stage(out_dir, fingerprint(in_path, fp_cfg), body, name=f"filter/{name}")
     if tracker is not None:
-        tracker.log_metrics({f"filter/{name}/in": summary["in"], f"filter/{name}/out": summary["out"]})
+        tracker.log_metrics({f"filter/{name}/{k}": v for k, v in summary.items() if k != "seconds"})
     return summary
 
 
@@ -393,8 +396,10 @@ def _contradiction_fn(fcfg, wl, device: str, trainer_cfg=None):
         # the offline scorer reads the continuation (the shared prompt's entity names could look like
         # comparatives, e.g. 'coolers'); classifiers read the whole statement
         col = "text" if isinstance(scorer, ComparativeDirectionScorer) else "statement"
-        return F.contradiction_filter(df, scorer, float(fcfg.contradiction_threshold),
-                                      float(fcfg.entailment_threshold), fcfg.k, text_col=col)
+        dropped = {}
+        kept = F.contradiction_filter(df, scorer, float(fcfg.contradiction_threshold),
+                                      float(fcfg.entailment_threshold), fcfg.k, text_col=col, dropped=dropped)
+        return kept, dropped
     return fn
 
 
@@ -746,6 +751,10 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
              f"{prompts['n_pairs_after_perplexity']} after the perplexity filter, {prompts['n_pairs_used']} used; "
              f"passes: {', '.join(prompts['passes'])}", "", "## Stage counts", "", "| stage | in | out |", "|---|---|---|"]
     lines += [f"| {s} | {c.get('in')} | {c.get('out')} |" for s, c in counts.items()]
+    con = counts.get("contradiction") or {}
+    if "contradicted" in con:  # the stage also keeps only the k best per pair: its in -> out is not all contradictions
+        lines += ["", f"The contradiction stage dropped {con['contradicted']} statements that contradict more than half "
+                      f"of their pair's others and {con['beyond_k']} beyond the k best (by S) per pair."]
     by_pass = metrics.get("passes") or []
     if by_pass:
         stages = [c for c in by_pass[0] if c not in ("pass", "prompts")]
