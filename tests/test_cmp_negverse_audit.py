@@ -2,6 +2,7 @@
 holds task.pretrain.batch_size examples, the zero-shot 'base' model does not depend on the RNG state, and bad NegVerse
 inputs are refused by name (before training) instead of failing after it or with the wrong advice."""
 
+import json
 import re
 
 import pytest
@@ -132,8 +133,35 @@ def test_cmp_missing_corpus_is_refused_at_start_up(tmp_path):
         check_config(_cmp_cfg(tmp_path, f"data.corpus={missing}"))
     with pytest.raises(ConfigError, match=r"data\.corpus: quintuple file .*nope\.jsonl not found"):
         check_config(_cmp_cfg(tmp_path, "data.corpus=bundled:nope.jsonl"))
-    # the split fractions are not read by a split_by=field run: any number is taken there
-    check_config(_cmp_cfg(tmp_path, "data.split_by=field", "data.val_fraction=0"))
+    # the split fractions are not read by a split_by=field run: any number is taken there (on a corpus whose rows
+    # have their split: the bundled one has none, which check_config refuses for split_by=field)
+    from i2d2.cmp.data import BUNDLED
+
+    rows = [json.loads(r) for r in (BUNDLED / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:30]]
+    fielded = tmp_path / "fielded.jsonl"
+    fielded.write_text("".join(json.dumps({**r, "split": ("train", "validation", "test")[i % 3]}) + "\n"
+                               for i, r in enumerate(rows)), encoding="utf-8")
+    check_config(_cmp_cfg(tmp_path, "data.split_by=field", "data.val_fraction=0", f"data.corpus={fielded}"))
+    with pytest.raises(ConfigError, match=r"data\.corpus: data\.split_by=field but 2683 quintuple"):
+        check_config(_cmp_cfg(tmp_path, "data.split_by=field"))
+
+
+def test_cmp_malformed_or_too_small_corpus_is_refused_at_start_up(tmp_path):
+    # a broken row, or a corpus too small to split, was a traceback from the first stage, after the run lock and
+    # the tracker had started (the run folder was left with a lock, a config and a W&B run)
+    from i2d2.cmp.data import BUNDLED
+    from i2d2.recipes.cmp import check_config
+
+    rows = (BUNDLED / "corpus.jsonl").read_text(encoding="utf-8").splitlines()[:3]
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(rows) + '\n{"e1": "x"}\nnot json\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"(?s)data\.corpus: .*{re.escape(str(broken))}:4: missing field 'e2'"
+                                          rf".*{re.escape(str(broken))}:5: invalid JSON"):
+        check_config(_cmp_cfg(tmp_path, f"data.corpus={broken}"))
+    with pytest.raises(ConfigError, match=r"data\.corpus: .*need validation and test quintuples"):
+        check_config(_cmp_cfg(tmp_path, f"data.corpus={small}"))
 
 
 def test_zero_shot_base_model_does_not_depend_on_the_rng_state(tmp_path, monkeypatch):
