@@ -60,6 +60,7 @@ NC = [
     ("data.entity_filter.source={t}/missing.txt", r"data\.entity_filter\.source: must be wordfreq or a text file"),
     ("data.entity_filter.min_count=1e12",  # was prefixed data.classes
      r"^data\.entity_filter\.min_count: .*no entity pairs .*\d+ entities loaded, 0 left after data\.entity_filter"),
+    ("data.format=csv", r"^data\.format: must be one of auto, json, tsv, wikidata, got 'csv'"),  # was data.classes
     ("task.constraints.negatives=[bogus]", r"task\.constraints: unknown negative set\(s\) \['bogus'\]"),
     ("task.wordlists={t}/missing.yaml", r"task\.wordlists: comparatives word lists not found"),
     # named the generated prompts.jsonl, at generation, not the key
@@ -252,3 +253,4 @@ def test_entity_class_errors_name_the_classes_or_the_filter_key(tmp_path):
                                           r"loaded, 0 left after data\.entity_filter"):
         check_config(_cfg(tmp_path, *base, "data.entity_filter.min_count=1e12"))
     check_config(_cfg(tmp_path, *base, "data.entity_filter.min_count=1e12", "data.entity_filter.enabled=false"))
+

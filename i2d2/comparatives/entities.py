@@ -223,6 +223,9 @@ def load_wikidata_classes(path: Path, roots: list[str] | tuple[str, ...] = ("phy
     return _finish(classes, min_entities)
 
 
+FORMATS = ("auto", "json", "tsv", "wikidata")  # data.format
+
+
 def load_classes(path: str | Path | None = None, fmt: str = "auto", min_entities: int = 2,
                  wikidata_roots=("physical object", "artificial physical object"), wikidata_depth: int = 2
                  ) -> dict[str, list[Entity]]:
@@ -242,4 +245,4 @@ def load_classes(path: str | Path | None = None, fmt: str = "auto", min_entities
         return load_classes_tsv(path, min_entities)
     if fmt == "wikidata":
         return load_wikidata_classes(path, list(wikidata_roots), wikidata_depth, min_entities)
-    raise ValueError(f"unknown class file format {fmt!r} (json, tsv, wikidata or auto)")
+    raise ValueError(f"unknown class file format {fmt!r} ({', '.join(FORMATS)})")

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.config import ConfigError
 from i2d2.comparatives import filters as F
-from i2d2.comparatives.entities import BUNDLED, UNCOUNTABLE, load_classes
+from i2d2.comparatives.entities import BUNDLED, FORMATS, UNCOUNTABLE, load_classes
 from i2d2.comparatives.frequency import FrequencyFilter, filter_obscure
 from i2d2.comparatives.metrics import corpus_metrics, fmt
 from i2d2.metrics import wilson_interval
@@ -166,6 +166,8 @@ def _check_prompt_inputs(cfg) -> None:
             need(is_num(ef[key]) and ef[key] > 0, f"data.entity_filter.{key}", f"must be a number > 0, got {ef[key]!r}")
         need(not corpus or Path(str(ef.source)).expanduser().is_file(), "data.entity_filter.source",
              f"must be wordfreq or a text file, one document a line; {ef.source!r} is neither")
+    # the loader's error for it was prefixed data.classes, the file's key
+    need(data.format in FORMATS, "data.format", f"must be one of {', '.join(FORMATS)}, got {data.format!r}")
     try:  # a missing, empty or malformed classes file named with its line, or classes with no pair; the classes
         # only: building every pair (1.7M at the paper's scale) is the prompts stage's work
         classes, n_loaded = loaded_entity_classes(cfg)
