@@ -13,6 +13,7 @@ Each of these exits with code 2 and a one-line ``error:`` message. Ctrl-C exits 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 
@@ -95,7 +96,14 @@ def check_recipe(cfg: DictConfig) -> None:
     if getattr(recipe_module, "ONE_PROCESS", False):
         check_one_process(cfg.trainer, module_name.rpartition(".")[2])
     if callable(getattr(recipe_module, "check_config", None)):
-        recipe_module.check_config(cfg)
+        # the checks read the inputs the stages read, and the readers' INFO summaries ("annotations: 708 rows ...")
+        # were printed once here and again by the stage; warnings and errors still show
+        before = logging.root.manager.disable
+        logging.disable(max(before, logging.INFO))
+        try:
+            recipe_module.check_config(cfg)
+        finally:
+            logging.disable(before)
 
 
 def launched_rank() -> int:

@@ -254,3 +254,16 @@ def test_entity_class_errors_name_the_classes_or_the_filter_key(tmp_path):
         check_config(_cfg(tmp_path, *base, "data.entity_filter.min_count=1e12"))
     check_config(_cfg(tmp_path, *base, "data.entity_filter.min_count=1e12", "data.entity_filter.enabled=false"))
 
+
+def test_start_up_checks_do_not_log_what_the_stages_log_again(tmp_path, caplog):
+    # check_config reads the labels and the entity classes as their stages do: their INFO summaries ("annotations:
+    # 708 rows (267 valid) ...", "entity frequency filter ...") were printed twice, the labels' three times
+    import logging
+
+    from i2d2.train import check_recipe
+
+    with caplog.at_level(logging.INFO):
+        check_recipe(_cfg(tmp_path, "task=comparatives"))
+        assert not [r for r in caplog.records if r.levelno < logging.WARNING], caplog.text
+        logging.getLogger("i2d2").info("still logged")
+    assert "still logged" in caplog.text  # the recipe's own logging is back once the checks are done
