@@ -360,3 +360,19 @@ def test_constraint_sets_match_the_tables(wl):
     unordered = constraint_set("may", "often", wl, order={"aux": None, "adverb": None, "comparative": None},
                                negatives=["pronouns"])
     assert unordered.clauses[0].positions is None and [c.name for c in unordered.counts] == ["neg:pronouns"]
+
+
+def test_report_stage_counts_name_every_discriminator_cut():
+    # the discriminator's 'out' is its smallest cut: "| discriminator | 20 | 4 |" read as 4 of 20 kept, though
+    # NC-XL keeps 20 and NC-L 10
+    import pandas as pd
+
+    from i2d2.recipes.comparatives import _report
+
+    prompts = {"n_classes": 1, "n_entities": 2, "n_pairs": 1, "n_pairs_after_perplexity": 1, "n_pairs_used": 1,
+               "passes": ["are generally"]}
+    counts = {"groups": {"in": 25, "out": 20},
+              "discriminator": {"in": 20, "nc_l": 10, "nc_s": 4, "nc_xl": 20, "out": 4}}
+    report = _report(0, prompts, counts, {}, pd.DataFrame(columns=["statement", "score"]), [])
+    assert "| groups | 25 | 20 |" in report
+    assert "| discriminator | 20 | 4 (the smallest cut; nc_l 10, nc_s 4, nc_xl 20) |" in report

@@ -752,7 +752,7 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
              f"{prompts['n_classes']} classes / {prompts['n_entities']} entities, {prompts['n_pairs']} pairs, "
              f"{prompts['n_pairs_after_perplexity']} after the perplexity filter, {prompts['n_pairs_used']} used; "
              f"passes: {', '.join(prompts['passes'])}", "", "## Stage counts", "", "| stage | in | out |", "|---|---|---|"]
-    lines += [f"| {s} | {c.get('in')} | {c.get('out')} |" for s, c in counts.items()]
+    lines += [f"| {s} | {c.get('in')} | {_stage_out(s, c)} |" for s, c in counts.items()]
     con = counts.get("contradiction") or {}
     if "contradicted" in con:  # the stage also keeps only the k best per pair: its in -> out is not all contradictions
         lines += ["", f"The contradiction stage dropped {con['contradicted']} statements that contradict more than half "
@@ -794,6 +794,16 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
                      "items are its own wording." if b["labels"] == [SEED_ANNOTATIONS.name] and b["model_is_generator"]
                      else "")]
     return "\n".join(lines) + "\n"
+
+
+def _stage_out(stage: str, c: dict) -> str:
+    """A stage's out for the report's stage counts. The discriminator's is its smallest cut, which alone read as the
+    stage keeping that many of its statements: every cut is a kept set (NC-XL / L / S), each is named."""
+    if stage != "discriminator":
+        return str(c.get("out"))
+    cuts = {k: v for k, v in c.items() if k not in ("in", "out", "seconds")}
+    return f"{c.get('out')} (the smallest cut; " + ", ".join(f"{k} {v}" for k, v in cuts.items()) + ")" if cuts \
+        else str(c.get("out"))
 
 
 def _discriminator_lines(c: dict) -> list[str]:
