@@ -436,14 +436,22 @@ class ProgressLog(L.Callback):
     def __init__(self, name: str = "fit", every_n_steps: int | None = None):
         self.name, self.every_n_steps = name, every_n_steps
         self._t0, self._last = 0.0, -1
+        self._val_step: int | None = None  # the step of this fit's last validation
         self._ended: tuple[int, int, float] | None = None  # (epoch, step, seconds) of an epoch not yet written
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._t0, self._ended = time.time(), None
+        self._t0, self._ended, self._val_step = time.time(), None, None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not getattr(trainer, "sanity_checking", False):
+            self._val_step = trainer.global_step
 
     def _metrics(self, trainer) -> str:
+        # a validation's metrics stay in callback_metrics until the next one: each line after it repeated
+        # val/loss=16.53 from step 80 to 160 as if measured there, so the step they were measured at is named
+        when = "" if self._val_step is None else f" (validation at step {self._val_step})"
         return " ".join(f"{k}={float(v):.4g}" for k, v in sorted(trainer.callback_metrics.items())
-                        if getattr(v, "numel", lambda: 1)() == 1)
+                        if getattr(v, "numel", lambda: 1)() == 1) + when
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         every = self.every_n_steps or max(1, int(trainer.log_every_n_steps or 50))

@@ -86,3 +86,33 @@ def test_progress_line_reports_the_step_loss_not_its_accumulation_share(caplog):
     with caplog.at_level(logging.INFO, logger="i2d2.lightning_setup"):
         ProgressLog("finetune").on_train_batch_end(trainer, module, {"loss": torch.tensor(1.5)}, None, 0)
     assert "finetune: epoch 0 step 3/10 loss=6 " in caplog.text
+
+
+def test_progress_lines_say_when_the_validation_metrics_were_measured(caplog):
+    """A validation's metrics stay in callback_metrics until the next one: the CMP run's lines from step 85 to 160
+    each read val/loss=16.53, measured at step 80, with nothing saying so."""
+    import logging
+
+    import torch
+
+    from i2d2.lightning_setup import ProgressLog
+
+    trainer = types.SimpleNamespace(log_every_n_steps=1, global_step=0, is_global_zero=True, current_epoch=0,
+                                    estimated_stepping_batches=10, accumulate_grad_batches=1, sanity_checking=False,
+                                    callback_metrics={"val/loss": torch.tensor(16.53)})
+    module = types.SimpleNamespace(automatic_optimization=True)
+    progress = ProgressLog("cmp")
+    progress.on_validation_end(trainer, module)  # the untrained model's, before the fit: not this fit's
+    progress.on_train_start(trainer, module)
+    with caplog.at_level(logging.INFO, logger="i2d2.lightning_setup"):
+        trainer.global_step = 3
+        progress.on_validation_end(trainer, module)
+        trainer.global_step = 5
+        progress.on_train_batch_end(trainer, module, {"loss": torch.tensor(1.5)}, None, 0)
+    assert "cmp: epoch 0 step 5/10 loss=1.5 val/loss=16.53 (validation at step 3)" in caplog.text
+    caplog.clear()
+    progress.on_train_start(trainer, module)  # a new fit: no validation yet
+    with caplog.at_level(logging.INFO, logger="i2d2.lightning_setup"):
+        trainer.global_step, trainer.callback_metrics = 6, {}
+        progress.on_train_batch_end(trainer, module, {"loss": torch.tensor(1.5)}, None, 0)
+    assert "validation at" not in caplog.text
