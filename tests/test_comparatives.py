@@ -376,3 +376,18 @@ def test_report_stage_counts_name_every_discriminator_cut():
     report = _report(0, prompts, counts, {}, pd.DataFrame(columns=["statement", "score"]), [])
     assert "| groups | 25 | 20 |" in report
     assert "| discriminator | 20 | 4 (the smallest cut; nc_l 10, nc_s 4, nc_xl 20) |" in report
+
+
+def test_report_samples_name_the_set_they_come_from():
+    # the samples are the QA source's rows (nc_s: the smallest cut), under a bare "## Samples" heading
+    import pandas as pd
+
+    from i2d2.recipes.comparatives import _report
+
+    prompts = {"n_classes": 1, "n_entities": 2, "n_pairs": 1, "n_pairs_after_perplexity": 1, "n_pairs_used": 1,
+               "passes": ["are generally"]}
+    samples = pd.DataFrame({"statement": ["Compared to wasps, dragonflies are generally more docile."],
+                            "score": [-8.183]})
+    report = _report(0, prompts, {}, {"qa_source": "nc_s"}, samples, [])
+    assert "## Samples (from `nc_s`, by pair, best S first)\n\n- Compared to wasps, dragonflies are generally " \
+           "more docile. (S=-8.183)" in report

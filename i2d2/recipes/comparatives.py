@@ -772,7 +772,9 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
     c = metrics.get("critic")
     if c:
         lines += _discriminator_lines(c)
-    lines += ["", "## Samples", ""] + [f"- {r.statement} (S={r.score:.3f})" for r in samples.itertuples()]
+    # the set they come from (the QA's source, nc_s by default: the critic's smallest cut), not every statement kept
+    lines += ["", f"## Samples (from `{metrics.get('qa_source', '–')}`, by pair, best S first)", ""]
+    lines += [f"- {r.statement} (S={r.score:.3f})" for r in samples.itertuples()]
     lines += ["", "## ComparativeQA", "", f"From `{metrics.get('qa_source', '–')}` ({len(qa)} items).", ""]
     lines += [f"- {q['text']}" for q in qa]
     e = metrics.get("comparative_qa")
