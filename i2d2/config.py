@@ -53,13 +53,23 @@ def wandb_mode() -> str:
 LAUNCH_DIRS: dict[str, dict] = {}
 
 
+def file_in_the_way(run_dir) -> Path | None:
+    """The file at ``run_dir`` or at one of its parents, which makes it no folder (Hydra's ``mkdir`` of its log
+    folder inside it was a NotADirectoryError traceback); None when run_dir is, or can be made, a folder."""
+    for path in (Path(str(run_dir)), *Path(str(run_dir)).parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
 def launch_dir(run_dir, name: str) -> str:
     """``hydra.run.dir``: ``<run_dir>/hydra/<name>_<pid>``. The pid makes it this process's own (two launches in
     the same second shared one folder and one log), and Hydra resolves this before it makes any folder, so whether
     run_dir already existed is known here. An empty or null run_dir (``run_dir=`` put the log folder at /hydra,
     ``run_dir=null`` in a folder named None) gets a folder under the temporary directory instead, for as long as
-    the start-up check takes to refuse it (an error raised here was a page of Hydra traceback)."""
-    if run_dir is None or not str(run_dir).strip():
+    the start-up check takes to refuse it (an error raised here was a page of Hydra traceback); so does a run_dir
+    that is a file, or inside one."""
+    if run_dir is None or not str(run_dir).strip() or file_in_the_way(run_dir):
         import tempfile
 
         run_dir = Path(tempfile.gettempdir()) / f"i2d2-no-run-dir-{os.getpid()}"

@@ -446,6 +446,21 @@ def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
     assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.parametrize("module", ["i2d2.train", "i2d2.generate"])
+@pytest.mark.parametrize("inside", ["", "/run"])
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path, module, inside):
+    # Hydra made its log folder inside it first: a NotADirectoryError traceback, naming no key
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "notes.txt").write_text("kept\n")
+    r = subprocess.run([sys.executable, "-m", module, f"run_dir={tmp_path}/notes.txt{inside}",
+                        "generate.concepts=[violins]" if module == "i2d2.generate" else "iteration=0"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                       env=launch_env(TMPDIR=str(tmp_path / "tmp")))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"error: run_dir: must name a folder, but {tmp_path}/notes.txt is a file" in r.stderr, r.stderr[-2000:]
+    assert (tmp_path / "notes.txt").read_text() == "kept\n" and list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_a_refused_launch_removes_only_what_it_made(tmp_path):
     run = tmp_path / "run"
     live = run / "hydra" / "2026-01-01_00-00-00_1"  # another launch's log folder: Hydra's files only
