@@ -78,6 +78,27 @@ def _stratified_pick(scores: np.ndarray, k: int, rng: np.random.Generator) -> np
     return np.array([rng.choice(b) for b in np.array_split(order, k)])
 
 
+def check_export_target(out_path: str | Path) -> None:
+    """An export writes ``out_path`` only where that loses nothing: a file that does not exist, or an earlier export
+    nobody has labelled yet. Exporting twice over a file being labelled wiped its labels, and ``--out`` naming the
+    input (``kept.jsonl``) or a labels store replaced it with the sample; a DataError names the file instead."""
+    out_path = Path(out_path)
+    if not out_path.exists():
+        return
+    try:
+        rows = (read_csv(out_path, required=("item_id", "statement", "label")) if out_path.suffix.lower() == ".csv"
+                else read_jsonl(out_path, required=("item_id", "statement")))  # required: non-empty; a label is empty
+        if any("label" not in r for r in rows):
+            raise DataError("not an export")
+    except (DataError, OSError):
+        raise DataError(f"--out {out_path} exists and is not an export of statements to label: an export would "
+                        "replace it; choose another file") from None
+    labelled = [r for r in rows if str(r.get("label") or "").strip() or str(r.get("votes") or "").strip()]
+    if labelled:
+        raise DataError(f"--out {out_path} holds {len(labelled)} label(s) already: an export would write over them; "
+                        "import it first (`python -m i2d2.annotate import`), or choose another --out")
+
+
 def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_concept: int = 4,
                           text_key: str = "statement", concept_key: str = "concept", score_key: str = "critic_score",
                           seed: int = 0, exclude: Iterable[str] = (), fmt: str | None = None) -> list[dict]:
@@ -88,6 +109,7 @@ def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_conc
     duplicates are skipped. ``fmt`` is 'csv' or 'jsonl' (default: from the suffix). Returns the exported rows.
     """
     out_path = Path(out_path)
+    check_export_target(out_path)
     fmt = fmt or ("csv" if out_path.suffix.lower() == ".csv" else "jsonl")
     seen = {normalize_statement(s) for s in exclude}
     by_concept: dict[str, list[dict]] = {}
@@ -283,6 +305,7 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     import hashlib
 
     run_dir, out_path = Path(run_dir), Path(out_path)
+    check_export_target(out_path)  # before the key is written
     rows = heldout_statements(run_dir)
     if not rows:
         raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")

@@ -216,3 +216,29 @@ def test_a_blind_import_without_rows_is_an_error(tmp_path):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+@pytest.mark.parametrize("blind", [True, False], ids=["blind", "sample"])
+def test_an_export_never_writes_over_labels_or_another_file(tmp_path, capsys, blind):
+    """Exporting twice into the file being labelled wiped its labels, and ``--out`` naming the input (kept.jsonl)
+    replaced it with the sample; both exited 0. An unlabelled earlier export is still replaced."""
+    from i2d2.annotate import main
+
+    run = _fake_run(tmp_path / "run")
+    write_jsonl(tmp_path / "kept.jsonl", [{"statement": "Dogs bark.", "concept": "dog", "critic_score": 0.9}])
+
+    def export(out):
+        return main(["export", "--blind", "--run-dir", str(run), "--out", str(out)] if blind else
+                    ["export", "--input", str(tmp_path / "kept.jsonl"), "--out", str(out)])
+
+    assert export(tmp_path / "b.jsonl") == 0 and export(tmp_path / "b.jsonl") == 0  # nothing labelled yet
+    rows = read_jsonl(tmp_path / "b.jsonl")
+    write_jsonl(tmp_path / "b.jsonl", [dict(rows[0], label="true"), *rows[1:]])
+    key = run / "annotations" / "blind_key.jsonl"
+    before = {p: p.read_bytes() for p in (tmp_path / "b.jsonl", tmp_path / "kept.jsonl", key) if p.exists()}
+    capsys.readouterr()
+    assert export(tmp_path / "b.jsonl") == 2
+    assert f"error: --out {tmp_path}/b.jsonl holds 1 label(s) already" in capsys.readouterr().err
+    assert export(tmp_path / "kept.jsonl") == 2
+    assert "is not an export of statements to label" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in before} == before
