@@ -74,14 +74,15 @@ def _read_rows(path: Path, on_error: str, errors: list) -> list[tuple[int, dict]
 
 
 def load_annotations(paths: Iterable[str | Path], label_map: Mapping | None = None, on_error: str = "raise",
-                     min_agreement: float = 0.5, report: LoadReport | None = None) -> list[dict]:
+                     min_agreement: float = 0.5, report: LoadReport | None = None, quiet: bool = False) -> list[dict]:
     """Read annotation files into rows ``{statement, concept, label, y, prompt, votes, source}``.
 
     ``y`` is 1/0; rows whose label maps to None (e.g. "don't know") or whose votes have no majority are left
     out and counted in ``report``. Unknown labels and broken rows raise ``DataError('file:line: ...')``
     (``on_error='raise'``) or are skipped and listed in ``report.errors`` (``on_error='skip'``).
     Statements repeated across files are de-duplicated; the later file's label wins (newer annotation rounds
-    come last).
+    come last). ``quiet``: no summary in the log (a start-up check that reads the files the critic stage reads
+    again: the same line was logged once per reading, three times a run).
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
@@ -140,6 +141,8 @@ def load_annotations(paths: Iterable[str | Path], label_map: Mapping | None = No
                            "prompt": row.get("prompt") or "", "votes": votes, "source": where,
                            **{k: row.get(k) for k in PROVENANCE if row.get(k) is not None}}
     rows = list(by_key.values())
+    if quiet:
+        return rows
     if report.errors:
         log.warning("annotations: skipped %d bad rows, first: %s", len(report.errors), report.errors[0])
     log.info("annotations: %d rows (%d valid) from %s; %s", len(rows), sum(r["y"] for r in rows),

@@ -187,19 +187,20 @@ def _scores_rows(idx, texts, concepts, rows, ys, scores, ppl=None) -> list[dict]
 
 
 def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport | None = None,
-                    keys: dict | None = None):
+                    keys: dict | None = None, quiet: bool = False):
     """The critic's labelled data as it trains on it (``cfg``: ``critic_config``): rows of ``paths`` (unfinished
     statements left out under ``complete_only``), the texts the critic reads (canonicalised under ``canonicalize``),
     labels, the (train, dev, test) indices grouped by concept, and how many unfinished rows were left out.
     No file, or fewer than ``min_examples`` usable rows, is refused here, before the split (an empty file was a
     misleading "need at least 2 concept groups"). ``keys``: the config key each setting came from, where it is not
-    ``critic.<setting>`` (NeuroComparatives' discriminator: ``task.filters.discriminator.critic.<setting>``)."""
+    ``critic.<setting>`` (NeuroComparatives' discriminator: ``task.filters.discriminator.critic.<setting>``).
+    ``quiet``: as for ``load_annotations`` (a start-up check)."""
     keys = {k: f"critic.{k}" for k in ("min_examples", "complete_only")} | (keys or {})
     if not paths:
         raise ValueError("critic.seed_annotations: no annotation files: it is empty and the run has no labels store "
                          "(name at least one, e.g. the bundled generics_gemma.jsonl)")
     report = report if report is not None else LoadReport()
-    rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report)
+    rows = load_annotations(paths, cfg["label_map"], cfg["on_error"], float(cfg["min_agreement"]), report, quiet)
     n_unfinished = 0
     if cfg["complete_only"]:  # the loop drops unfinished generations before the critic (task.filter.require_sentence_end)
         from i2d2.filtering import ends_sentence

@@ -46,6 +46,24 @@ def test_generics_default_labels_pass(tmp_path):
     check_config(_cfg(tmp_path))
 
 
+@pytest.mark.parametrize("task", ["i2d2", "comparatives"])
+def test_the_start_up_check_reads_the_labels_without_logging_them(tmp_path, caplog, task):
+    """check_config reads the critic's labels as its stage will; each reading logged "annotations: 3658 rows ...",
+    three times in a default run (i2d2.train's check, the recipe's run() again, the critic stage): now only the
+    stage that trains on them logs the line."""
+    import logging
+    import importlib
+
+    from critics.train import critic_config, labelled_splits
+
+    cfg = _cfg(tmp_path, f"task={task}")
+    with caplog.at_level(logging.INFO):
+        importlib.import_module(f"i2d2.recipes.{'generics' if task == 'i2d2' else task}").check_config(cfg)
+        assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("annotations:")] == []
+        labelled_splits(critic_config(cfg.critic), list(cfg.critic.seed_annotations))  # as the critic stage reads
+    assert len([r for r in caplog.records if r.getMessage().startswith("annotations:")]) == 1
+
+
 NC = [
     ("task.filters.discriminator.annotations=[{t}/empty.jsonl]",
      r"task\.filters\.discriminator\.annotations: only 0 usable annotated statements"),

@@ -140,7 +140,7 @@ def check_config(cfg) -> None:
         from critics.train import labelled_splits
 
         try:
-            labelled_splits(ccfg, annotation_paths(cfg), keys=critic_keys(cfg))
+            labelled_splits(ccfg, annotation_paths(cfg), keys=critic_keys(cfg), quiet=True)  # its stage logs them
         except (ValueError, OSError) as e:
             msg = str(e)
             raise ConfigError(msg if msg.startswith("task.") else f"task.filters.discriminator.annotations: {msg}") from None
@@ -702,7 +702,7 @@ def benchmark_items(cfg) -> list[dict]:
 
     ccfg, paths = critic_cfg(cfg), annotation_paths(cfg)
     rows = load_annotations(paths, ccfg.get("label_map"), ccfg.get("on_error", "raise"),
-                            float(ccfg.get("min_agreement", 0.5)))
+                            float(ccfg.get("min_agreement", 0.5)), quiet=True)  # the discriminator's stage logs them
     items = benchmark_qa(rows, balance=True, seed=int(cfg.seed))
     if not items:
         raise DataError(f"task.qa.benchmark: no comparative labelled valid in {', '.join(map(str, paths))} "

@@ -153,7 +153,8 @@ def check_config(cfg: DictConfig) -> None:
 
     try:
         paths = critic_annotation_paths(list(critic["seed_annotations"]), cfg.run_dir)
-        rows, texts, _, (train_idx, _, _), _ = labelled_splits(critic, paths)
+        # quiet: the critic stage logs what it reads (this check runs twice, from i2d2.train and from run)
+        rows, texts, _, (train_idx, _, _), _ = labelled_splits(critic, paths, quiet=True)
     except (ValueError, OSError) as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith("critic.") else f"critic.seed_annotations: {msg}") from None
