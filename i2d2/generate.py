@@ -263,14 +263,23 @@ def _print(rows, concepts, top_k, delta, only_accepted, model_name, critic_dir, 
             print(f"  {r['critic_score']:.3f} {mark} {r['statement']}", file=file)
 
 
+def main():
+    """The command (``i2d2-generate``): a config Hydra cannot compose (``generate.concept=...``) exits with code 2,
+    as ``i2d2.train`` does."""
+    from i2d2.train import start_up_exit_code
+
+    start_up_exit_code(hydra_main)
+
+
 @hydra.main(version_base="1.3", config_path=config.HYDRA_CONFIG_PATH, config_name="generate")
-def main(cfg: DictConfig):
+def hydra_main(cfg: DictConfig):
     """Checks first (config keys, model names, the values: ``check_config``; then the lock on ``generate.out_dir``,
     the one folder this command writes; run_dir is only read, and every file in it is written atomically), then
     the pipeline."""
     from i2d2.io import DataError, RunLock
-    from i2d2.train import check_start, discard_launch_folders
+    from i2d2.train import check_start, discard_launch_folders, mark_composed
 
+    mark_composed()
     try:
         check_start(cfg)
         if cfg.generate.get("model"):

@@ -136,26 +136,35 @@ def interrupted(e: BaseException) -> bool:
 
 
 def main():
-    """The command: Hydra composes the config and calls ``hydra_main``. An override or config file that does not
-    compose (``decoding.beam_size=abc``, a misspelt group option) is Hydra's error, printed by Hydra naming the key;
-    it exits with code 2 like every other start-up error, not Hydra's 1, which is left to a run that failed."""
+    """The command: Hydra composes the config and calls ``hydra_main``."""
+    start_up_exit_code(hydra_main)
+
+
+def start_up_exit_code(hydra_fn) -> None:
+    """Call a ``@hydra.main`` function (which calls ``mark_composed`` first). An override or config file that does
+    not compose (``decoding.beam_size=abc``, a misspelt group option) is Hydra's error, printed by Hydra naming the
+    key; it exits with code 2 like every other start-up error, not Hydra's 1, which is left to a run that failed."""
     global _composed
     _composed = False
     try:
-        hydra_main()
+        hydra_fn()
     except SystemExit as e:
         if e.code == 1 and not _composed:
             sys.exit(2)
         raise
 
 
-_composed = False  # set once Hydra hands hydra_main a config
+_composed = False  # set once Hydra hands the command's function a config
+
+
+def mark_composed() -> None:
+    global _composed
+    _composed = True
 
 
 @hydra.main(version_base="1.3", config_path=config.HYDRA_CONFIG_PATH, config_name="train")
 def hydra_main(cfg: DictConfig):
-    global _composed
-    _composed = True
+    mark_composed()
     try:
         return checked_run(cfg)
     except (KeyboardInterrupt, SystemExit) as e:

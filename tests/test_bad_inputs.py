@@ -435,6 +435,14 @@ def test_cli_fails_at_start_up(tmp_path, what, args, pattern):
     assert not (tmp_path / "run").exists(), sorted(p.name for p in (tmp_path / "run").rglob("*"))
 
 
+@pytest.mark.parametrize("override,key", [("generate.concept=[violins]", "generate.concept"),
+                                          ("decoding.beam_size=abc", "decoding.beam_size")])
+def test_generate_exits_2_on_a_config_hydra_cannot_compose(tmp_path, override, key):
+    # Hydra's own message names the key; the exit code was Hydra's 1 (a failed run), not the start-up 2 of i2d2.train
+    r = cli(f"run_dir={tmp_path}/run", override, module="i2d2.generate")
+    assert r.returncode == 2 and f"full_key: {key}" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 @pytest.mark.parametrize("value", ["", "null"])
 def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
     # run_dir= ran in the working directory (Hydra's log folder went to /hydra); run_dir=null into a folder 'None'

@@ -50,7 +50,7 @@ def test_bad_input_is_refused_before_the_lock_naming_the_key(tmp_path, monkeypat
     out = tmp_path / "out"
     cfg = make_cfg(tmp_path, "generate.concepts=[violin]", f"generate.out_dir={out}", override)
     with pytest.raises(SystemExit) as e:
-        gen.main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
+        gen.hydra_main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and key in err and "Traceback" not in err

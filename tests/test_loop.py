@@ -338,7 +338,7 @@ def test_generate_command_ctrl_c_exits_130_naming_what_is_kept_and_releases_its_
     cfg = make_cfg(tmp_path / "run", "generate.concepts=[violin]", f"generate.out_dir={out}", "generate.iteration=null",
                    f"generate.critic={critic}", name="generate")
     with pytest.raises(SystemExit) as e:
-        gen.main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
+        gen.hydra_main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
     assert e.value.code == 130
     err = capsys.readouterr().err
     assert f"interrupted: i2d2.generate; generation shards finished so far are in {out}" in err and "Traceback" not in err
