@@ -394,6 +394,7 @@ def main(argv=None) -> int:
     from i2d2.io import fingerprint, run_stage, stage_fingerprint
     from i2d2.lightning_setup import single_device_trainer
     from i2d2.models import use_cache_dir
+    from i2d2.train import check_models
 
     ap = argparse.ArgumentParser(prog="python -m critics.train", description=main.__doc__)
     ap.add_argument("--out", required=True, help="output folder (a stage folder: reused, resumed or refused)")
@@ -407,6 +408,9 @@ def main(argv=None) -> int:
         config.check_keys(cfg)
         use_cache_dir(cfg.get("cache_dir"))  # a Gemma critic body converts into the configured cache
         critic_config(cfg.critic)  # a bad value fails here, before the folder is touched
+        # a misspelt critic.name failed once the folder held this config's split: the corrected rerun was then
+        # refused as "other work"
+        check_models(cfg, prefix="critic.")
         paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
         # the split by entity (split_groups) is an input: a folder trained on a split by pair alone is refused
         fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)), "split-by-entity")

@@ -32,8 +32,6 @@ MODEL_KEYS = (("model.name", "causal LM", ()), ("critic.name", "classifier", ())
 
 def check_start(cfg: DictConfig) -> None:
     """The checks that need neither a model nor torch: unknown config keys, unknown model names."""
-    from i2d2.models import check_model_name
-
     config.check_keys(cfg)
     # read by setup_run's seed_everything, after the run_dir lock: seed=abc was a traceback there
     config.need(config.is_int(cfg.get("seed")), "seed", f"must be an integer, got {cfg.get('seed')!r}")
@@ -47,9 +45,17 @@ def check_start(cfg: DictConfig) -> None:
 
     if HydraConfig.initialized():
         check_logger_overrides(HydraConfig.get().overrides.task)
+    check_models(cfg)
+
+
+def check_models(cfg: DictConfig, prefix: str = "") -> None:
+    """Every model name of ``MODEL_KEYS`` under ``prefix`` (``critic.``: ``python -m critics.train``), checked before
+    any model loads: a known name, and a run's model folder as its stage recorded it."""
+    from i2d2.models import check_model_name
+
     for key, kind, not_models in MODEL_KEYS:
         name = OmegaConf.select(cfg, key)
-        if isinstance(name, str) and name not in not_models:
+        if key.startswith(prefix) and isinstance(name, str) and name not in not_models:
             check_model_name(name, kind, key)
             check_model_folder(name, key)
 

@@ -382,6 +382,19 @@ def test_critic_cli_trains_the_configured_critic_alone(tmp_path, capsys):
     assert "critic.lora.rank" in capsys.readouterr().err and not (tmp_path / "bad" / "model").exists()
 
 
+def test_critic_cli_refuses_a_bad_model_name_before_the_folder_is_touched(tmp_path, capsys):
+    """A misspelt critic.name failed after the labels were split into --out (its _STARTED.json and split.json): the
+    corrected command was then refused, the folder holding "other work"."""
+    from critics.train import main
+
+    out = tmp_path / "c"
+    for bad in ("critic.name=tiny:robertaa", "critic.probe_lm=nonexistent", f"critic.name={tmp_path}/no_model"):
+        assert main(["--out", str(out), "critic=tiny", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"(set by {bad.split('=')[0]})" in err and "Traceback" not in err, err
+        assert not out.exists()
+
+
 def test_lora_critic_checkpoints_hold_only_trained_weights_and_resume(tmp_path, caplog):
     import logging
     import shutil
