@@ -411,6 +411,8 @@ def main(argv=None) -> int:
         # a misspelt critic.name failed once the folder held this config's split: the corrected rerun was then
         # refused as "other work"
         check_models(cfg, prefix="critic.")
+        blocker = config.file_in_the_way(out)  # was a NotADirectoryError traceback from the stage's first write
+        config.need(blocker is None, "--out", f"must name a folder, but {blocker} is a file")
         paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
         # the split by entity (split_groups) is an input: a folder trained on a split by pair alone is refused
         fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)), "split-by-entity")

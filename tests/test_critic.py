@@ -382,7 +382,7 @@ def test_critic_cli_trains_the_configured_critic_alone(tmp_path, capsys):
     assert "critic.lora.rank" in capsys.readouterr().err and not (tmp_path / "bad" / "model").exists()
 
 
-def test_critic_cli_refuses_a_bad_model_name_before_the_folder_is_touched(tmp_path, capsys):
+def test_critic_cli_refuses_a_bad_model_name_or_out_before_the_folder_is_touched(tmp_path, capsys):
     """A misspelt critic.name failed after the labels were split into --out (its _STARTED.json and split.json): the
     corrected command was then refused, the folder holding "other work"."""
     from critics.train import main
@@ -393,6 +393,11 @@ def test_critic_cli_refuses_a_bad_model_name_before_the_folder_is_touched(tmp_pa
         err = capsys.readouterr().err
         assert f"(set by {bad.split('=')[0]})" in err and "Traceback" not in err, err
         assert not out.exists()
+    (tmp_path / "notes.txt").write_text("kept\n")  # --out a file, or inside one: a NotADirectoryError traceback
+    for where in ("notes.txt", "notes.txt/c"):
+        assert main(["--out", str(tmp_path / where), "critic=tiny"]) == 2
+        assert f"error: --out: must name a folder, but {tmp_path}/notes.txt is a file" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "kept\n"
 
 
 def test_lora_critic_checkpoints_hold_only_trained_weights_and_resume(tmp_path, caplog):
