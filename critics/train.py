@@ -375,6 +375,18 @@ def _f(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
 
 
+def _error_message(e: Exception) -> str:
+    """A start-up error as the user needs it: Hydra's first line names the override ("Error merging override
+    critic.lr=abc") and its cause says what is wrong with it ("Value 'abc' of type 'str' could not be converted to
+    Float"); the checks' own messages are whole (a model name's list of known names)."""
+    from hydra.errors import HydraException
+
+    if not isinstance(e, HydraException):
+        return str(e)
+    cause = str(e.__cause__ or "").strip()
+    return str(e).splitlines()[0] + (f" ({cause.splitlines()[0]})" if cause else "")
+
+
 def main(argv=None) -> int:
     """``python -m critics.train --out DIR [key=value ...]``: train and evaluate the configured critic alone, on the
     bundled labels (``critic.seed_annotations``) with the splits, δ and test numbers of the I2D2 loop's critic stage
@@ -422,7 +434,7 @@ def main(argv=None) -> int:
         summary = run_stage(out, fp, lambda d: train_critic(cfg.critic, paths, d, single_device_trainer(plain(cfg.trainer))),
                             name="critic")
     except (HydraException, ValueError, FileNotFoundError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"error: {_error_message(e)}", file=sys.stderr)
         return 2
     # the last line of stdout, one JSON object (Lightning prints its model table above it)
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, dict)}, default=str))

@@ -400,6 +400,18 @@ def test_critic_cli_refuses_a_bad_model_name_or_out_before_the_folder_is_touched
     assert (tmp_path / "notes.txt").read_text() == "kept\n"
 
 
+def test_critic_cli_says_what_is_wrong_with_an_override(tmp_path, capsys):
+    # only Hydra's first line was printed: "Error merging override critic.lr=abc", not what it expected
+    from critics.train import main
+
+    for bad, said in (("critic.lr=abc", "Value 'abc' of type 'str' could not be converted to Float"),
+                      ("critic.lrr=1", "Key 'lrr' not in 'CriticConfig'")):
+        assert main(["--out", str(tmp_path / "c"), bad]) == 2
+        assert said in capsys.readouterr().err
+    assert main(["--out", str(tmp_path / "c"), "critic.name=nope"]) == 2  # a check's message whole: the known names
+    assert "packaged:minilm" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
 def test_lora_critic_checkpoints_hold_only_trained_weights_and_resume(tmp_path, caplog):
     import logging
     import shutil
