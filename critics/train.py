@@ -375,6 +375,22 @@ def _f(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
 
 
+def checked_labels(cfg: dict, seed_annotations: list) -> list[Path]:
+    """The label files, read and split as ``train_critic`` will (quietly: it logs them): a broken row or too few
+    rows fails here, naming ``critic.seed_annotations`` and file:line, before ``--out`` holds this config's start
+    marker (after which the command run again on the corrected file was refused as "other work")."""
+    from i2d2.annotation import critic_annotation_paths
+    from i2d2.config import ConfigError
+
+    try:
+        paths = critic_annotation_paths(seed_annotations, None)
+        labelled_splits(cfg, paths, quiet=True)
+    except (ValueError, OSError) as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith("critic.") else f"critic.seed_annotations: {msg}") from None
+    return paths
+
+
 def _error_message(e: Exception) -> str:
     """A start-up error as the user needs it: Hydra's first line names the override ("Error merging override
     critic.lr=abc") and its cause says what is wrong with it ("Value 'abc' of type 'str' could not be converted to
@@ -402,7 +418,6 @@ def main(argv=None) -> int:
     from hydra.errors import HydraException
 
     from i2d2 import config
-    from i2d2.annotation import critic_annotation_paths
     from i2d2.io import fingerprint, run_stage, stage_fingerprint
     from i2d2.lightning_setup import single_device_trainer
     from i2d2.models import use_cache_dir
@@ -425,7 +440,7 @@ def main(argv=None) -> int:
         check_models(cfg, prefix="critic.")
         blocker = config.file_in_the_way(out)  # was a NotADirectoryError traceback from the stage's first write
         config.need(blocker is None, "--out", f"must name a folder, but {blocker} is a file")
-        paths = critic_annotation_paths(list(cfg.critic.seed_annotations), None)
+        paths = checked_labels(critic_config(cfg.critic), list(cfg.critic.seed_annotations))
         # the split by entity (split_groups) is an input: a folder trained on a split by pair alone is refused
         fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)), "split-by-entity")
         if out.is_dir() and any(out.iterdir()) and stage_fingerprint(out) != fp:

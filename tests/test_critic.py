@@ -400,6 +400,24 @@ def test_critic_cli_refuses_a_bad_model_name_or_out_before_the_folder_is_touched
     assert (tmp_path / "notes.txt").read_text() == "kept\n"
 
 
+def test_critic_cli_reads_the_labels_before_the_folder_is_touched(tmp_path, capsys):
+    """A bad label row failed inside the stage, after --out held this config's _STARTED.json: once the file was
+    corrected (a new fingerprint), the same command was refused, the folder holding "other work"."""
+    from critics.train import main
+
+    lines = SEED.read_text().splitlines(keepends=True)[:120]
+    labels = tmp_path / "small.jsonl"
+    labels.write_text("".join(lines[:4]) + '{"statement": "Owls hoot.", "concept": "owl", "label": "maybe"}\n')
+    out = tmp_path / "c"
+    common = ["critic=tiny", f"critic.seed_annotations=[{labels}]", "critic.max_epochs=1", "critic.min_examples=10",
+              "+trainer.enable_progress_bar=false"]
+    assert main(["--out", str(out), *common]) == 2
+    assert f"error: critic.seed_annotations: {labels}:5: unknown label 'maybe'" in capsys.readouterr().err
+    assert not out.exists()
+    labels.write_text("".join(lines))
+    assert main(["--out", str(out), *common]) == 0 and (out / "model").is_dir()
+
+
 def test_critic_cli_says_what_is_wrong_with_an_override(tmp_path, capsys):
     # only Hydra's first line was printed: "Error merging override critic.lr=abc", not what it expected
     from critics.train import main
