@@ -95,8 +95,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--scores", type=Path, default=None, help="a critic's test_scores.jsonl")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    res = agreement(paired_labels(args.first, args.second, args.sample),
-                    critic_scores(args.scores) if args.scores else None)
+    try:  # a missing file or a broken row (DataError, naming file:line) was a traceback
+        pairs = paired_labels(args.first, args.second, args.sample)
+        scores = critic_scores(args.scores) if args.scores else None
+    except (ValueError, OSError) as e:
+        ap.error(str(e))
+    res = agreement(pairs, scores)
     print(f"{res['n']} statements judged twice ({args.sample or 'all samples'}); valid rate {res['valid_rate_first']:.3f}"
           f" / {res['valid_rate_second']:.3f}")
     print(f"seven labels:  agreement {res['agreement_labels']:.3f}  kappa {res['kappa_labels']:.3f}")

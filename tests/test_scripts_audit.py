@@ -148,6 +148,16 @@ def test_label_agreement_names_an_unknown_sample_and_counts_the_second_labellers
     assert f"({kept} of {res['n']} kept)" in capsys.readouterr().out
 
 
+def test_label_agreement_refuses_a_missing_or_broken_file_without_a_traceback(tmp_path, scripts, capsys):
+    import label_agreement
+
+    (tmp_path / "broken.jsonl").write_text('{"statement": "Dogs bark.", "critic_score": 0.5}\n{"statement": 1\n')
+    for path, said in ((tmp_path / "none.jsonl", "No such file"), (tmp_path / "broken.jsonl", "broken.jsonl:2:")):
+        with pytest.raises(SystemExit) as e:
+            label_agreement.main(["--scores", str(path)])
+        assert e.value.code == 2 and said in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- label-set builders
 
 def test_comparatives_labelset_refuses_zero_chunks_before_writing(tmp_path, scripts):
