@@ -302,6 +302,13 @@ def main(argv=None):
     if not [m for m in args.models.split(",") if m] and not args.gemma:
         ap.error("--models names no model (and no --gemma): nothing to benchmark")
     sys.path.insert(0, str(ROOT))
+    from i2d2.models import check_model_name
+
+    for m in (m for m in args.models.split(",") if m):  # a misspelt one was a traceback, after the models before it
+        try:
+            check_model_name(m, "causal LM", "--models")
+        except ValueError as e:
+            ap.error(str(e))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch

@@ -196,7 +196,7 @@ def test_bench_decoding_checks_its_numbers_before_loading_a_model(scripts, monke
     monkeypatch.setattr(bench_decoding, "run_model", lambda *a: pytest.fail("a model ran with invalid arguments"))
     for bad, flag in ((["--repeats", "0"], "--repeats"), (["--batch", "0"], "--batch"),
                       (["--min-new-tokens", "5", "--max-new-tokens", "3"], "--min-new-tokens"),
-                      (["--models", ""], "--models")):
+                      (["--models", ""], "--models"), (["--models", "tiny:gpt2,tiny:gpt22"], "--models")):
         with pytest.raises(SystemExit) as e:
             bench_decoding.main(["--models", "tiny:gpt2", *bad])
         assert e.value.code == 2 and flag in capsys.readouterr().err
