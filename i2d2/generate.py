@@ -138,6 +138,9 @@ def check_args(g) -> None:
         raise GenerateError(f"generate.delta: must be null (the critic's δ) or a number in [0, 1), got {d!r}")
     if not isinstance(g.get("only_accepted", False), bool):
         raise GenerateError(f"generate.only_accepted: must be true or false, got {g.get('only_accepted')!r}")
+    blocker = config.file_in_the_way(g.out_dir) if g.get("out_dir") else None
+    if blocker is not None:  # was "[Errno 17] cannot write <file>/.i2d2.lock: File exists", naming no key
+        raise GenerateError(f"generate.out_dir: must name a folder, but {blocker} is a file")
 
 
 def prompt_data(cfg, concepts_path: Path) -> dict:

@@ -57,6 +57,20 @@ def test_bad_input_is_refused_before_the_lock_naming_the_key(tmp_path, monkeypat
     assert not out.exists()  # refused before RunLock(out_dir) made and locked the folder
 
 
+def test_an_out_dir_that_is_a_file_is_refused_naming_the_key(tmp_path, capsys):
+    # was "error: [Errno 17] cannot write <file>/.i2d2.lock: File exists", from the lock
+    import i2d2.generate as gen
+
+    (tmp_path / "notes.txt").write_text("kept\n")
+    for where in ("notes.txt", "notes.txt/out"):
+        cfg = make_cfg(tmp_path, "generate.concepts=[violin]", f"generate.out_dir={tmp_path / where}")
+        with pytest.raises(SystemExit) as e:
+            gen.hydra_main.__wrapped__(cfg)
+        assert e.value.code == 2
+        assert f"error: generate.out_dir: must name a folder, but {tmp_path}/notes.txt is a file" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "kept\n"
+
+
 def test_a_refused_launch_leaves_no_log_folder(tmp_path):
     # Hydra writes run_dir/hydra/generate-<time>/ before any check: a refused launch left it in the run it read,
     # and a misspelt run_dir as a new folder holding only that
