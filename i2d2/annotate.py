@@ -93,9 +93,13 @@ def main(argv=None) -> int:
                                         seed=args.seed, exclude=exclude)
             print(f"wrote {len(out)} statements to {args.out}")
         elif args.cmd == "accuracy":
+            rows = heldout_accuracy(args.run_dir)
+            if not rows:  # a misspelt --run-dir printed an empty table, exit code 0
+                raise DataError(f"no held-out generations under {args.run_dir}/iter_*/heldout/ (run an iteration "
+                                "first, or check --run-dir)")
             print("| iteration | held-out generations | labelled | person-judged accuracy | 95% CI |")
             print("|---|---|---|---|---|")
-            for r in heldout_accuracy(args.run_dir):
+            for r in rows:
                 acc = "–" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
                 ci = "–" if r["ci95_low"] is None else f"{r['ci95_low']:.3f}–{r['ci95_high']:.3f}"
                 print(f"| {r['iteration']} | {r['n_generations']} | {r['n_labelled']} | {acc} | {ci} |")

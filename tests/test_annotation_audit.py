@@ -242,3 +242,13 @@ def test_an_export_never_writes_over_labels_or_another_file(tmp_path, capsys, bl
     assert export(tmp_path / "kept.jsonl") == 2
     assert "is not an export of statements to label" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_accuracy_of_a_run_without_held_out_generations_is_an_error(tmp_path, capsys):
+    """A misspelt --run-dir printed an empty table with exit code 0."""
+    from i2d2.annotate import main
+
+    assert main(["accuracy", "--run-dir", str(tmp_path / "nonexistent")]) == 2
+    assert f"error: no held-out generations under {tmp_path}/nonexistent/iter_*/heldout/" in capsys.readouterr().err
+    assert main(["accuracy", "--run-dir", str(_fake_run(tmp_path / "run"))]) == 0
+    assert "| 1 | 3 | 0 | – | – |" in capsys.readouterr().out
