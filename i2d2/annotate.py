@@ -30,14 +30,29 @@ import sys
 from pathlib import Path
 
 from i2d2.annotation import export_blind, export_for_annotation, heldout_accuracy, import_annotations, import_blind
-from i2d2.io import DataError, read_jsonl, read_table
+from i2d2.io import DataError, iter_jsonl, read_jsonl, read_table
 
 
-def _read_rows(path: str):
-    """Rows of a JSONL file, or of a stage table folder (``filtered/kept``, ``filtered/dropped``), streamed."""
+def _read_rows(path: str, fields: tuple[str, ...] = ()):
+    """Rows of a JSONL file, or of a stage table folder (``filtered/kept``, ``filtered/dropped``), streamed; each
+    holds ``fields`` (``--text-key``, ``--concept-key``), else a DataError names the file (and line): the export's
+    own check said only "row 1", of all the inputs together."""
     if not Path(path).is_dir():
-        return read_jsonl(path)
-    return (row for batch in read_table(path).iter(batch_size=10_000)
+        rows = []
+        for lineno, row, problem in iter_jsonl(path):
+            missing = [k for k in fields if k not in (row or {})]
+            if missing and not problem:
+                problem = (f"lacks field(s) {', '.join(missing)} (has {', '.join(sorted(row))}; --text-key / "
+                           "--concept-key name others)")
+            if problem:
+                raise DataError(f"{path}:{lineno}: {problem}")
+            rows.append(row)
+        return rows
+    table = read_table(path)
+    missing = [k for k in fields if k not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: the table lacks column(s) {', '.join(missing)} (--text-key / --concept-key)")
+    return (row for batch in table.iter(batch_size=10_000)
             for row in (dict(zip(batch, vals)) for vals in zip(*batch.values())))
 
 
@@ -85,7 +100,7 @@ def main(argv=None) -> int:
         elif args.cmd == "export":
             if not args.input:
                 ap.error("export needs --input (or --blind --run-dir)")
-            rows = [r for p in args.input for r in _read_rows(p)]
+            rows = [r for p in args.input for r in _read_rows(p, (args.text_key, args.concept_key))]
             # a store that does not exist yet (before the first import) holds nothing to leave out
             exclude = ([r["statement"] for r in read_jsonl(args.store, required=("statement",))]
                        if args.store and Path(args.store).exists() else [])

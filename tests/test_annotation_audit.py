@@ -252,3 +252,15 @@ def test_accuracy_of_a_run_without_held_out_generations_is_an_error(tmp_path, ca
     assert f"error: no held-out generations under {tmp_path}/nonexistent/iter_*/heldout/" in capsys.readouterr().err
     assert main(["accuracy", "--run-dir", str(_fake_run(tmp_path / "run"))]) == 0
     assert "| 1 | 3 | 0 | – | – |" in capsys.readouterr().out
+
+
+def test_export_names_the_input_and_line_that_lacks_a_field(tmp_path, capsys):
+    """'row 1: needs fields ...' named no file (rows of every --input together) and no line."""
+    from i2d2.annotate import main
+
+    write_jsonl(tmp_path / "kept.jsonl", [{"statement": "Dogs bark.", "concept": "dog"}])
+    (tmp_path / "gens.jsonl").write_text('{"statement": "Owls hoot.", "concept": "owl"}\n\n{"generation": "x"}\n')
+    assert main(["export", "--input", str(tmp_path / "kept.jsonl"), "--input", str(tmp_path / "gens.jsonl"),
+                 "--out", str(tmp_path / "s.csv")]) == 2
+    assert f"error: {tmp_path}/gens.jsonl:3: lacks field(s) statement, concept" in capsys.readouterr().err
+    assert not (tmp_path / "s.csv").exists()
