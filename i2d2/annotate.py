@@ -139,7 +139,7 @@ def main(argv=None) -> int:
 
                 for path in refresh_heldout_accuracy(args.run_dir):
                     print(f"person-judged accuracy written into {path}")
-    except (DataError, FileNotFoundError) as e:
+    except (DataError, OSError) as e:  # OSError names the path: a folder given as a file was a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

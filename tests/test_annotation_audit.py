@@ -264,3 +264,20 @@ def test_export_names_the_input_and_line_that_lacks_a_field(tmp_path, capsys):
                  "--out", str(tmp_path / "s.csv")]) == 2
     assert f"error: {tmp_path}/gens.jsonl:3: lacks field(s) statement, concept" in capsys.readouterr().err
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_folder_or_file_in_place_of_a_path_is_an_error_not_a_traceback(tmp_path, capsys):
+    """Only DataError and FileNotFoundError were caught: --store or --input naming a folder (IsADirectoryError), a
+    --store inside a file (FileExistsError) were tracebacks."""
+    from i2d2.annotate import main
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "notes.txt").write_text("kept\n")
+    done = tmp_path / "done.jsonl"
+    write_jsonl(done, [{"statement": "Dogs bark.", "concept": "dog", "label": "true"}])
+    for args in (["--input", str(done), "--store", str(tmp_path / "folder")],
+                 ["--input", str(tmp_path / "folder"), "--store", str(tmp_path / "s.jsonl")],
+                 ["--input", str(done), "--store", str(tmp_path / "notes.txt" / "labels.jsonl")]):
+        assert main(["import", *args]) == 2
+        assert capsys.readouterr().err.startswith("error: ")
+    assert (tmp_path / "notes.txt").read_text() == "kept\n" and not (tmp_path / "s.jsonl").exists()
