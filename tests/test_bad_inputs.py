@@ -443,6 +443,14 @@ def test_generate_exits_2_on_a_config_hydra_cannot_compose(tmp_path, override, k
     assert r.returncode == 2 and f"full_key: {key}" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("module,usage", [("i2d2.train", "python -m i2d2.train (i2d2-train) [task="),
+                                          ("i2d2.generate", "python -m i2d2.generate (i2d2-generate) generate.concepts=")])
+def test_help_says_how_to_call_the_command(module, usage):
+    # --help began with Hydra's "train is powered by Hydra." and the config groups: no word on what the command does
+    r = cli("--help", module=module)
+    assert r.returncode == 0 and r.stdout.startswith(usage), r.stdout[:500]
+
+
 @pytest.mark.parametrize("value", ["", "null"])
 def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
     # run_dir= ran in the working directory (Hydra's log folder went to /hydra); run_dir=null into a folder 'None'
