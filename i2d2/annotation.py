@@ -331,15 +331,17 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     order = rng.permutation(len(items)).tolist()
     shuffled = [list(items.values())[i] for i in order]
     blind = [{"item_id": it["item_id"], "statement": it["statement"], "label": "", "votes": ""} for it in shuffled]
+    # the key first: a kill between the two writes left an export whose items no key held (its labels could never
+    # be imported, and a second export refuses to write over them); a key holding items never exported is harmless
+    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
+    old = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)} if key_path.exists() else {}
+    old.update({it["item_id"]: it for it in shuffled})
+    write_jsonl(key_path, old.values())
     if out_path.suffix.lower() == ".csv":
         write_csv(out_path, blind, BLIND_COLUMNS)
     else:  # JSONL by suffix, as export_for_annotation: CSV text in a .jsonl file failed import_blind as broken rows
         write_jsonl(out_path, blind)
     write_text(out_path.with_name(out_path.stem + ".instructions.md"), INSTRUCTIONS)
-    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
-    old = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)} if key_path.exists() else {}
-    old.update({it["item_id"]: it for it in shuffled})
-    write_jsonl(key_path, old.values())
     log.info("blind export: %d statements from %d iterations -> %s (key: %s)", len(shuffled), len(by_iter),
              out_path, key_path)
     return shuffled

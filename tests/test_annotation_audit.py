@@ -281,3 +281,22 @@ def test_a_folder_or_file_in_place_of_a_path_is_an_error_not_a_traceback(tmp_pat
         assert main(["import", *args]) == 2
         assert capsys.readouterr().err.startswith("error: ")
     assert (tmp_path / "notes.txt").read_text() == "kept\n" and not (tmp_path / "s.jsonl").exists()
+
+
+def test_a_blind_export_killed_between_its_writes_leaves_no_export_without_its_key(tmp_path, monkeypatch):
+    """The export was written before the key: a kill between the two left items no key held, whose labels could
+    never be imported."""
+    import i2d2.io
+
+    def killed(point):
+        if point == "write:blind_key.jsonl":
+            raise KeyboardInterrupt(point)
+
+    run = _fake_run(tmp_path / "run")
+    monkeypatch.setattr(i2d2.io, "fault_point", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_blind(run, tmp_path / "b.csv", n_per_iteration=3)
+    assert not (tmp_path / "b.csv").exists() and not (run / "annotations" / "blind_key.jsonl").exists()
+    monkeypatch.undo()
+    items = export_blind(run, tmp_path / "b.csv", n_per_iteration=3)  # the rerun: both, the same items
+    assert {r["item_id"] for r in read_jsonl(run / "annotations" / "blind_key.jsonl")} == {i["item_id"] for i in items}
