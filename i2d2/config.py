@@ -324,6 +324,17 @@ def _typed_unknown_keys(node, where: str, out: dict) -> None:
             _typed_unknown_keys(child, f"{where}.{k}" if where else str(k), out)
 
 
+def _root_keys() -> list[str]:
+    """The keys a composed config may hold at its root: conf/train.yaml's and conf/generate.yaml's own and the
+    groups their defaults pick."""
+    keys = set()
+    for name in ("train", "generate"):
+        raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{name}.yaml"), resolve=False)
+        keys |= {k for k in raw if k not in ("defaults", "hydra")}
+        keys |= {k.split("/")[0] for d in raw.get("defaults", []) if isinstance(d, dict) for k in d}
+    return sorted(keys)
+
+
 def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
     """Reject, naming the key, any key that nothing reads, at start-up before any model loads.
 
@@ -333,6 +344,11 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
     :func:`_task_schema` of its ``task.recipe``, ``data`` against :func:`_data_schema` of it (both skipped for a recipe no shipped file names: its own code reads them)."""
     recipe = OmegaConf.select(cfg, "task.recipe")
     bad, known, wrong = [], {}, []
+    # Hydra refuses a misspelt root key and suggests "+iteraton=1", which it then takes: the run started at
+    # iteration 0 with the setting unread
+    roots = _root_keys()
+    if [k for k in cfg if k not in roots]:
+        bad, known["root"] = [k for k in cfg if k not in roots], roots
     typed: dict = {}
     _typed_unknown_keys(cfg, "", typed)
     for where, (extra, fields_) in typed.items():

@@ -405,6 +405,8 @@ def cli(*args: str, module: str = "i2d2.train") -> subprocess.CompletedProcess:
 CLI_CASES = [
     ("python -m i2d2.train model.name=nonexistent", ["model.name=nonexistent"], r"Cannot resolve causal LM model 'nonexistent'"),
     ("python -m i2d2.train +task.filter.dleta=0.5", ["+task.filter.dleta=0.5"], r"unknown config key\(s\): task\.filter\.dleta"),
+    # Hydra refuses iteraton=1 suggesting +iteraton=1, which it then took: the run started at iteration 0
+    ("python -m i2d2.train +iteraton=1", ["+iteraton=1"], r"unknown config key\(s\): iteraton .*root: cache_dir"),
     ("python -m i2d2.train task.filter.delta=2", ["task.filter.delta=2"], r"task\.filter\.delta: must be null"),
     ("python -m i2d2.train task=negverse task.train.lr=1e-2x", ["task=negverse", "task.train.lr=1e-2x"],
      r"error: config value\(s\) of the wrong type: task\.train\.lr='1e-2x'"),
