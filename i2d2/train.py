@@ -38,9 +38,10 @@ def check_start(cfg: DictConfig) -> None:
     # run_dir= (empty) ran in the working directory (Hydra's log folder: config.launch_dir)
     config.need(isinstance(cfg.get("run_dir"), str) and cfg.run_dir.strip() != "", "run_dir",
                 f"must name a folder, got {cfg.get('run_dir')!r}")
-    blocker = config.file_in_the_way(cfg.run_dir)
-    config.need(blocker is None, "run_dir", f"must name a folder, but {blocker} is a file"
-                + ("" if str(blocker) == str(cfg.run_dir) else f" (run_dir={cfg.run_dir})"))
+    for key in ("run_dir", "cache_dir"):  # cache_dir: a FileExistsError traceback once the run had started
+        blocker = config.file_in_the_way(cfg[key]) if cfg.get(key) else None
+        config.need(blocker is None, key, f"must name a folder, but {blocker} is a file"
+                    + ("" if str(blocker) == str(cfg[key]) else f" ({key}={cfg[key]})"))
     from hydra.core.hydra_config import HydraConfig
 
     if HydraConfig.initialized():

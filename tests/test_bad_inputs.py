@@ -464,6 +464,15 @@ def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
     assert list((tmp_path / "cwd").iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_a_cache_dir_that_is_a_file_is_refused(tmp_path):
+    # a FileExistsError traceback once the run had started (lock taken, loggers up)
+    (tmp_path / "notes.txt").write_text("kept\n")
+    r = cli(f"run_dir={tmp_path}/run", f"cache_dir={tmp_path}/notes.txt/cache")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"error: cache_dir: must name a folder, but {tmp_path}/notes.txt is a file" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("module", ["i2d2.train", "i2d2.generate"])
 @pytest.mark.parametrize("inside", ["", "/run"])
 def test_a_run_dir_that_is_a_file_is_refused(tmp_path, module, inside):
