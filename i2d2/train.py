@@ -13,7 +13,6 @@ Each of these exits with code 2 and a one-line ``error:`` message. Ctrl-C exits 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 
@@ -106,14 +105,7 @@ def check_recipe(cfg: DictConfig) -> None:
     if getattr(recipe_module, "ONE_PROCESS", False):
         check_one_process(cfg.trainer, module_name.rpartition(".")[2])
     if callable(getattr(recipe_module, "check_config", None)):
-        # the checks read the inputs the stages read, and the readers' INFO summaries ("annotations: 708 rows ...")
-        # were printed once here and again by the stage; warnings and errors still show
-        before = logging.root.manager.disable
-        logging.disable(max(before, logging.INFO))
-        try:
-            recipe_module.check_config(cfg)
-        finally:
-            logging.disable(before)
+        recipe_module.check_config(cfg)
 
 
 def launched_rank() -> int:

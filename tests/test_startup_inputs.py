@@ -275,13 +275,17 @@ def test_entity_class_errors_name_the_classes_or_the_filter_key(tmp_path):
 
 def test_start_up_checks_do_not_log_what_the_stages_log_again(tmp_path, caplog):
     # check_config reads the labels and the entity classes as their stages do: their INFO summaries ("annotations:
-    # 708 rows (267 valid) ...", "entity frequency filter ...") were printed twice, the labels' three times
+    # 708 rows (267 valid) ...", "entity frequency filter ...") were printed twice, the labels' three times; the
+    # check reads them quietly and the stage that uses them logs them
     import logging
 
+    from i2d2.recipes.comparatives import entity_classes
     from i2d2.train import check_recipe
 
+    cfg = _cfg(tmp_path, "task=comparatives")
     with caplog.at_level(logging.INFO):
-        check_recipe(_cfg(tmp_path, "task=comparatives"))
+        check_recipe(cfg)
         assert not [r for r in caplog.records if r.levelno < logging.WARNING], caplog.text
-        logging.getLogger("i2d2").info("still logged")
-    assert "still logged" in caplog.text  # the recipe's own logging is back once the checks are done
+        entity_classes(cfg)  # the prompts stage's reader
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert caplog.records[0].getMessage().startswith("entity frequency filter (wordfreq, >= 100 occurrences)")

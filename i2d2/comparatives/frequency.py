@@ -101,6 +101,12 @@ def filter_obscure(classes: dict[str, list[Entity]], cfg: FrequencyFilter
                "dropped_entities": dropped_entities,
                "dropped_classes": sorted(set(classes) - set(out)),
                "n_multiword_upper_bound": sum(" " in e.name for e in entities) if cfg.source == "wordfreq" else 0}
-    log.info("entity frequency filter (%s, >= %g occurrences): %d -> %d entities, %d -> %d classes",
-             cfg.source, cfg.min_count, len(entities), summary["n_entities_out"], len(classes), len(out))
     return out, summary
+
+
+def log_filter_summary(summary: dict) -> None:
+    """``filter_obscure``'s summary in one log line: the prompts stage's, not the start-up check's, which runs the
+    same filter to refuse one that leaves no pair (logged by both, the line came twice a run)."""
+    log.info("entity frequency filter (%s, >= %g occurrences): %d -> %d entities, %d -> %d classes",
+             summary["source"], summary["min_count"], summary["n_entities_in"], summary["n_entities_out"],
+             summary["n_classes_in"], summary["n_classes_out"])

@@ -30,7 +30,7 @@ from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/l
 from i2d2.config import ConfigError
 from i2d2.comparatives import filters as F
 from i2d2.comparatives.entities import BUNDLED, FORMATS, UNCOUNTABLE, load_classes
-from i2d2.comparatives.frequency import FrequencyFilter, filter_obscure
+from i2d2.comparatives.frequency import FrequencyFilter, filter_obscure, log_filter_summary
 from i2d2.comparatives.metrics import corpus_metrics, fmt
 from i2d2.metrics import wilson_interval
 from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows, select_passes
@@ -229,7 +229,10 @@ def _check_template(template) -> None:
 def entity_classes(cfg):
     """The entity classes (§2.1.1) and their obscure entities out (§2.1.3, ``data.entity_filter``): (classes,
     entities loaded, the frequency record or None). No class with two distinct entities (no pair) is an error."""
-    return filtered_entity_classes(cfg, *loaded_entity_classes(cfg))
+    classes, n_loaded, freq = filtered_entity_classes(cfg, *loaded_entity_classes(cfg))
+    if freq is not None:
+        log_filter_summary(freq)
+    return classes, n_loaded, freq
 
 
 def _has_pair(classes) -> bool:
