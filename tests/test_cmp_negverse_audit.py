@@ -305,3 +305,30 @@ def test_negverse_epoch_schedule_counts_optimizer_steps(tmp_path, nlp, monkeypat
     data_stage(cfg, nlp, tmp_path / "data")
     out = train_stage(cfg, tmp_path / "data", tmp_path / "train", None)
     assert out["steps"] >= 2 and totals == [out["steps"]]
+
+
+def test_negverse_eval_metrics_reach_the_logger_once(tmp_path, nlp, monkeypatch):
+    # eval_stage logged every metric as negverse/<k> and publish_report again as negverse/eval/<k>: two columns each
+    import i2d2.negverse.metrics as nm
+    import i2d2.negverse.pipeline as pipe
+    from i2d2.negverse.model import NegVerseLM
+    from i2d2.recipes.negverse import eval_stage
+    from i2d2.tracking import Tracker
+
+    row = {"original": "The dog is hungry.", "negation": "The dog is not hungry.", "negation_type": "verbal",
+           "masked": "[BLANK]", "lev_distance": 0.1}
+    monkeypatch.setattr(NegVerseLM, "load", classmethod(lambda cls, *a, **k: None))
+    monkeypatch.setattr(pipe, "negate", lambda *a, **k: ([row], [], {"n_kept": 1, "keep_rate": 0.5}))
+    monkeypatch.setattr(nm, "negation_metrics", lambda kept, nlp: {"n": 1})
+
+    class Recorder:
+        def __init__(self):
+            self.keys = []
+
+        def log_metrics(self, metrics, step=None):
+            self.keys += list(metrics)
+
+    tracker = Tracker(Recorder())
+    tracker.log_table = lambda *a, **k: None
+    eval_stage(_nv_cfg(tmp_path), nlp, tmp_path / "adapter", tmp_path / "eval", tracker)
+    assert tracker.loggers[0].keys == []
