@@ -228,3 +228,13 @@ def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, 
         assert main(["x", "--adapter", str(adapter), *bad]) == 2
         assert msg in capsys.readouterr().err
     assert negation_options(parse_args(["x", "--adapter", str(adapter), "--greedy", "--temperature", "0"]))[0]["do_sample"] is False
+
+
+@pytest.mark.parametrize("candidate", ["Everyone liked the neither the teacher.", "Everyone liked the nor teacher."])
+def test_neither_and_nor_after_a_determiner_are_misplaced(candidate):
+    # kept by the bundled run (typed non_verbal): the determiner check knew only not / no / never / none / ...
+    from i2d2.negverse.filters import degenerate_reason
+
+    assert degenerate_reason({"original": "Everyone liked the new teacher.", "negation": candidate}) \
+        == "misplaced_negation"
+    assert degenerate_reason({"original": "They liked the film.", "negation": "Neither of them liked the film."}) is None

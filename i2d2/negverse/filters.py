@@ -63,7 +63,8 @@ def degenerate_reason(row: dict, max_len_ratio: float = 2.0) -> str | None:
     return None
 
 
-_CUES = {"not", "no", "never", "nobody", "nothing", "none", "nowhere"}
+# neither / nor too: "liked the neither the teacher" (a cue after a determiner) was kept
+_CUES = {"not", "no", "never", "nobody", "nothing", "none", "nowhere", "neither", "nor"}
 _DETS = {"the", "a", "an", "this", "that", "these", "those", "my", "his", "her", "their", "our", "its", "your"}
 
 
