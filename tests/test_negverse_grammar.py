@@ -85,6 +85,12 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("She remembers her first day at school.", "She remembers her first day not school.",
             "cue_for_preposition"),
            ("The lamp is on the table.", "The lamp is not on the table.", None),
+           # kept by the bundled run: 'not' where the determiner was
+           ("The doctor was patient with the children.", "The doctor was patient with not children.",
+            "cue_for_determiner"),
+           ("The doctor was patient with the children.", "The doctor was patient with no children.", None),
+           ("This is fine.", "Nothing is fine.", None),  # 'This' is no noun's determiner
+           ("Some students passed.", "Not all students passed.", None),
            # words copied from the original are not the candidate's doing ('do not,' is judged in neither)
            ("We do not, however, agree with everyone.", "We do not, however, agree with anyone.", None)]
 

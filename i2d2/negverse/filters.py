@@ -257,6 +257,14 @@ def _cue_for_preposition(doc, orig_doc, ops) -> bool:
                and not any(t.tag_ == "IN" for t in doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
 
 
+def _cue_for_determiner(doc, orig_doc, ops) -> bool:
+    """The candidate replaced one of the original's determiners with a negation that cannot stand before a noun:
+    'patient with not children' ('with no children' is the negation; 'no' and a kept determiner pass)."""
+    return any(op == "replace" and all(t.dep_ == "det" for t in orig_doc[i1:i2])
+               and any(t.lower_ in _CUES - {"no"} or t.lower_ == "n't" for t in doc[j1:j2])
+               and not any(t.tag_ == "DT" for t in doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
+
+
 def _answer_no(t) -> bool:
     """'no' as an answer: 'He said no (to the offer).', 'The answer is no.'"""
     nxt = t.nbor(1) if t.i + 1 < len(t.doc) else None
@@ -304,6 +312,7 @@ def clause_reason(doc, orig_doc) -> str | None:
     - a subject before the first finite verb where the original had one: 'never arrives every ten minutes';
     - 'no' followed by a noun phrase (or 'longer', 'one', ...): 'The coffee smells no.', 'repaired no quickly';
     - no negation in place of a preposition: 'her first day not school';
+    - no negation but 'no' in place of a determiner: 'patient with not children';
     - no 'no' inside a partitive: 'All of no tickets'."""
     ops = _word_alignment(doc, orig_doc)
     # candidate position -> original position of the words it copied: the checks judge only what the model wrote
@@ -333,6 +342,8 @@ def clause_reason(doc, orig_doc) -> str | None:
         return "no_subject"
     if _cue_for_preposition(doc, orig_doc, ops):
         return "cue_for_preposition"
+    if _cue_for_determiner(doc, orig_doc, ops):
+        return "cue_for_determiner"
     return None
 
 
