@@ -91,6 +91,12 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("The doctor was patient with the children.", "The doctor was patient with no children.", None),
            ("This is fine.", "Nothing is fine.", None),  # 'This' is no noun's determiner
            ("Some students passed.", "Not all students passed.", None),
+           # kept by the bundled run: a negation in another tense
+           ("The workers are happy with their pay.", "The workers were not happy with their pay.", "tense_changed"),
+           ("She runs fast.", "She did not run fast.", "tense_changed"),
+           ("He walked home.", "He does not walk home.", "tense_changed"),
+           ("The workers are happy with their pay.", "The workers are not happy with their pay.", None),
+           ("She runs fast.", "She does not run fast.", None),
            # words copied from the original are not the candidate's doing ('do not,' is judged in neither)
            ("We do not, however, agree with everyone.", "We do not, however, agree with anyone.", None)]
 

@@ -265,6 +265,16 @@ def _cue_for_determiner(doc, orig_doc, ops) -> bool:
                and not any(t.tag_ == "DT" for t in doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
 
 
+def _tense_changed(doc, orig_doc, ops) -> bool:
+    """The candidate rewrote a finite verb in the other tense: 'The workers are happy.' -> 'The workers were not
+    happy.', 'She runs.' -> 'She did not run.' (a negation keeps the original's tense; past = VBD)."""
+    def pasts(tokens):
+        return {t.tag_ == "VBD" for t in tokens if t.tag_ in _FINITE_TAGS}
+
+    return any(op == "replace" and pasts(orig_doc[i1:i2]) and pasts(doc[j1:j2])
+               and not pasts(orig_doc[i1:i2]) & pasts(doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
+
+
 def _answer_no(t) -> bool:
     """'no' as an answer: 'He said no (to the offer).', 'The answer is no.'"""
     nxt = t.nbor(1) if t.i + 1 < len(t.doc) else None
@@ -313,6 +323,7 @@ def clause_reason(doc, orig_doc) -> str | None:
     - 'no' followed by a noun phrase (or 'longer', 'one', ...): 'The coffee smells no.', 'repaired no quickly';
     - no negation in place of a preposition: 'her first day not school';
     - no negation but 'no' in place of a determiner: 'patient with not children';
+    - the original's tense: 'The workers are happy.' -> 'The workers were not happy.';
     - no 'no' inside a partitive: 'All of no tickets'."""
     ops = _word_alignment(doc, orig_doc)
     # candidate position -> original position of the words it copied: the checks judge only what the model wrote
@@ -344,6 +355,8 @@ def clause_reason(doc, orig_doc) -> str | None:
         return "cue_for_preposition"
     if _cue_for_determiner(doc, orig_doc, ops):
         return "cue_for_determiner"
+    if _tense_changed(doc, orig_doc, ops):
+        return "tense_changed"
     return None
 
 
