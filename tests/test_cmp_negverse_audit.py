@@ -332,3 +332,14 @@ def test_negverse_eval_metrics_reach_the_logger_once(tmp_path, nlp, monkeypatch)
     tracker.log_table = lambda *a, **k: None
     eval_stage(_nv_cfg(tmp_path), nlp, tmp_path / "adapter", tmp_path / "eval", tracker)
     assert tracker.loggers[0].keys == []
+
+
+def test_negverse_pairs_tsv_given_as_eval_sentences_is_refused(tmp_path):
+    # it was read as sentences like 'She likes apples.\tShe doesn't like apples.\tverbal' and trained and evaluated
+    # on: the held-out check compared whole lines, so these training pairs passed as held-out sentences
+    from i2d2.io import DataError
+    from i2d2.recipes.negverse import check_config
+
+    cfg = _nv_cfg(tmp_path, f"data.eval_sentences={tmp_path / 'pairs.tsv'}")
+    with pytest.raises(DataError, match=r"pairs.tsv:1: a tab in a one-sentence-a-line file"):
+        check_config(cfg)

@@ -26,8 +26,15 @@ def resolve(path: str | Path | None, default: str) -> Path:
 
 
 def read_sentences(path: str | Path) -> list[str]:
-    """One sentence a line; blank lines and lines starting with '#' are skipped."""
-    return [ln.strip() for ln in read_text(path).splitlines() if ln.strip() and not ln.startswith("#")]
+    """One sentence a line; blank lines and lines starting with '#' are skipped. A tab is refused: the pairs TSV
+    given here was read as glued 'original negated type' sentences, which also slipped past the held-out check."""
+    out = []
+    for lineno, ln in enumerate(read_text(path).splitlines(), 1):
+        if "\t" in ln and not ln.startswith("#"):
+            raise DataError(f"{path}:{lineno}: a tab in a one-sentence-a-line file (a TSV such as the pairs file?)")
+        if ln.strip() and not ln.startswith("#"):
+            out.append(ln.strip())
+    return out
 
 
 def read_pairs(path: str | Path) -> list[dict]:
