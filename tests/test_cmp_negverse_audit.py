@@ -343,3 +343,19 @@ def test_negverse_pairs_tsv_given_as_eval_sentences_is_refused(tmp_path):
     cfg = _nv_cfg(tmp_path, f"data.eval_sentences={tmp_path / 'pairs.tsv'}")
     with pytest.raises(DataError, match=r"pairs.tsv:1: a tab in a one-sentence-a-line file"):
         check_config(cfg)
+
+
+def test_negverse_report_names_the_eval_file_and_flags_the_bundled_one_however_given(tmp_path, monkeypatch):
+    # the note that the filters were written from the bundled sentences depended on data.eval_sentences being
+    # unset: the same file given by its path was reported as a fresh measurement; the heading named no file
+    import i2d2.recipes.negverse as rn
+    from i2d2.negverse.data import DATA_DIR
+
+    reports = []
+    monkeypatch.setattr(rn, "run_stage", lambda out, fp, fn, name: {"n_sentences": 16})
+    monkeypatch.setattr(rn, "publish_report", lambda run_dir, summary, text, *a, **k: reports.append(text))
+    monkeypatch.setattr("i2d2.models.load_spacy", lambda name: None)
+    for given in (str(DATA_DIR / "eval_sentences.txt"), str(tmp_path / "eval.txt")):
+        rn._run(_nv_cfg(tmp_path, f"data.eval_sentences={given}"), rn.Tracker())
+    assert "16 sentences of `bundled eval_sentences.txt`" in reports[0] and rn.BUNDLED_EVAL_NOTE in reports[0]
+    assert f"16 sentences of `{tmp_path / 'eval.txt'}`" in reports[1] and rn.BUNDLED_EVAL_NOTE not in reports[1]

@@ -267,7 +267,11 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
                         "negverse-eval")
     log.info("negverse eval metrics: %s", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()})
     summary = {"data": data_stats, "train": train_summary, "eval": metrics}
-    publish_report(run_dir, summary, _report(summary, bundled_eval=not d.eval_sentences), tracker, prefix="negverse")
+    # the bundled file given by its path is still the one the filters were written from
+    bundled = eval_file.resolve() == (DATA_DIR / "eval_sentences.txt").resolve()
+    publish_report(run_dir, summary, _report(summary, bundled_eval=bundled,
+                                             eval_name="bundled eval_sentences.txt" if bundled else str(eval_file)),
+                   tracker, prefix="negverse")
     return summary
 
 
@@ -290,14 +294,14 @@ BUNDLED_EVAL_NOTE = ("The degenerate and grammar filters were in part written fr
                      "(measure on a fresh `data.eval_sentences`).")
 
 
-def _report(summary: dict, bundled_eval: bool = False) -> str:
+def _report(summary: dict, bundled_eval: bool = False, eval_name: str = "eval sentences") -> str:
     def rows(d):  # timings and this process's bookkeeping stay in report.json: same results, same report.md bytes
         return [f"| {k} | {'–' if v is None else round(v, 4) if isinstance(v, float) else v} |" for k, v in d.items()
                 if (isinstance(v, (int, float, str)) or v is None) and not k.endswith(("_s", "seconds"))
                 and k not in ("steps_this_session", "resumed_from")]
 
     return "\n".join(["# NegVerse run", "", "Sample negations: `eval/samples.md`; all kept: `eval/negations.jsonl`.", "",
-                      "## Evaluation (eval sentences)", "", *([BUNDLED_EVAL_NOTE, ""] if bundled_eval else []),
+                      f"## Evaluation ({summary['eval'].get('n_sentences', '?')} sentences of `{eval_name}`)", "", *([BUNDLED_EVAL_NOTE, ""] if bundled_eval else []),
                       "| metric | value |", "|---|---|", *rows(summary["eval"]), "",
                       "## Prompt tuning", "", "| key | value |", "|---|---|", *rows(summary["train"]), "",
                       "## Training data", "", "| key | value |", "|---|---|", *rows(summary["data"])]) + "\n"
