@@ -77,6 +77,14 @@ def input_sentences(args) -> list[str]:
     return sentences
 
 
+def check_outputs(args) -> None:
+    """--out / --dropped must name files: a folder was found only when writing, after every candidate was generated,
+    as an IsADirectoryError traceback."""
+    for flag, path in (("--out", args.out), ("--dropped", args.dropped)):
+        if path is not None and path.is_dir():
+            raise InputError(f"{flag} {path}: is a folder; give a file to write the JSON lines to")
+
+
 class InputError(ValueError):
     """Bad input to negate (a missing, unreadable or empty file): reported on stderr, exit status 2."""
 
@@ -137,6 +145,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     try:
         sentences = input_sentences(args)
+        check_outputs(args)
         opts, source = negation_options(args)
     except (InputError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

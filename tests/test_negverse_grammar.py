@@ -210,6 +210,10 @@ def test_negate_empty_or_unreadable_input_is_an_error_naming_the_file(tmp_path, 
     assert main(["--file", str(binary)]) == 2
     assert "bin.txt: cannot read it" in capsys.readouterr().err
     assert main(["   "]) == 2 and "blank" in capsys.readouterr().err
+    # a folder as --out / --dropped: refused before any model loads (was a traceback after generating everything)
+    for flag in ("--out", "--dropped"):
+        assert main(["x", flag, str(tmp_path), "--adapter", str(tmp_path / "none")]) == 2
+        assert f"{flag} {tmp_path}: is a folder" in capsys.readouterr().err
 
 
 def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, capsys):
