@@ -97,6 +97,11 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("He walked home.", "He does not walk home.", "tense_changed"),
            ("The workers are happy with their pay.", "The workers are not happy with their pay.", None),
            ("She runs fast.", "She does not run fast.", None),
+           # kept by the bundled run: the verb's number changed, its subject did not
+           ("There is a cafe near the station.", "There are not a cafe near the station.", "agreement_changed"),
+           ("She likes tea.", "She don't like tea.", "agreement_changed"),
+           ("There is a cafe near the station.", "There are no cafes near the station.", None),
+           ("The workers are happy.", "Nobody is happy.", None),
            # words copied from the original are not the candidate's doing ('do not,' is judged in neither)
            ("We do not, however, agree with everyone.", "We do not, however, agree with anyone.", None)]
 

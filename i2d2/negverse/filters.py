@@ -275,6 +275,19 @@ def _tense_changed(doc, orig_doc, ops) -> bool:
                and not pasts(orig_doc[i1:i2]) & pasts(doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
 
 
+def _agreement_changed(doc, orig_doc, ops) -> bool:
+    """The candidate changed a present verb's number (VBZ / VBP) but no noun or pronoun: 'There is a cafe' ->
+    'There are not a cafe', 'She likes tea' -> "She don't like tea"."""
+    changed = [(orig_doc[i1:i2], doc[j1:j2]) for op, i1, i2, j1, j2 in ops if op != "equal"]
+    if any(t.pos_ in ("NOUN", "PROPN", "PRON") for _, new in changed for t in new):
+        return False  # a new subject or complement may take the other number: 'There are no cafes', 'Nobody is'
+
+    def numbers(tokens):
+        return {t.tag_ for t in tokens if t.tag_ in ("VBZ", "VBP")}
+
+    return any(numbers(old) and numbers(new) and not numbers(old) & numbers(new) for old, new in changed)
+
+
 def _answer_no(t) -> bool:
     """'no' as an answer: 'He said no (to the offer).', 'The answer is no.'"""
     nxt = t.nbor(1) if t.i + 1 < len(t.doc) else None
@@ -324,6 +337,7 @@ def clause_reason(doc, orig_doc) -> str | None:
     - no negation in place of a preposition: 'her first day not school';
     - no negation but 'no' in place of a determiner: 'patient with not children';
     - the original's tense: 'The workers are happy.' -> 'The workers were not happy.';
+    - the verb's number where no noun changed: 'There is a cafe' -> 'There are not a cafe';
     - no 'no' inside a partitive: 'All of no tickets'."""
     ops = _word_alignment(doc, orig_doc)
     # candidate position -> original position of the words it copied: the checks judge only what the model wrote
@@ -357,6 +371,8 @@ def clause_reason(doc, orig_doc) -> str | None:
         return "cue_for_determiner"
     if _tense_changed(doc, orig_doc, ops):
         return "tense_changed"
+    if _agreement_changed(doc, orig_doc, ops):
+        return "agreement_changed"
     return None
 
 

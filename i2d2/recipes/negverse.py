@@ -259,10 +259,10 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     eval_file = Path(d.eval_sentences or DATA_DIR / "eval_sentences.txt")
     fp_eval = fingerprint(fp_train, eval_file, Path(cfg.task.cue_lexicon), _c(cfg.task.generate),
                           _c(cfg.task.filters), _c(cfg.task.masking), int(cfg.seed),
-                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v7")
+                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v8")
     # eval format: v3 verb checks, v4 subject / lone "no" / preposition, v5 questions, imperatives, inversion...,
     # v6 each sentence once, dedupe folds a final .!? and ’, counts beside the rates, untyped shares null,
-    # v7 neither / nor after a determiner, a cue for a determiner, a changed tense
+    # v7 neither / nor after a determiner, a cue for a determiner, a changed tense, v8 a changed verb number
     eval_dir = run_dir / "eval"
     metrics = run_stage(eval_dir, fp_eval, lambda out: eval_stage(cfg, nlp, train_dir / "adapter", out, tracker),
                         "negverse-eval")
