@@ -421,7 +421,7 @@ def main(argv=None) -> int:
     from i2d2.io import fingerprint, run_stage, stage_fingerprint
     from i2d2.lightning_setup import single_device_trainer
     from i2d2.models import use_cache_dir
-    from i2d2.train import check_models
+    from i2d2.models import check_models
 
     ap = argparse.ArgumentParser(prog="python -m critics.train", description=main.__doc__)
     ap.add_argument("--out", required=True, help="output folder (a stage folder: reused, resumed or refused)")

@@ -117,6 +117,39 @@ def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.endswith("/") or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
+# (key, kind, values that name no model): every model name a recipe loads, checked before any model loads
+MODEL_KEYS = (("model.name", "causal LM", ()), ("critic.name", "classifier", ()), ("task.model", "seq2seq", ()),
+              ("critic.probe_lm", "causal LM", ()),
+              ("task.filters.contradiction.scorer", "NLI", ("offline", "comparative-direction", "cross_encoder")),
+              ("task.filters.contradiction.cross_encoder.name", "cross-encoder body", ()),
+              ("task.filters.dedup.encoder", "sentence encoder", ()), ("task.qa.evaluate.model", "causal LM", ()))
+
+
+def check_models(cfg, prefix: str = "") -> None:
+    """Every model name of ``MODEL_KEYS`` under ``prefix`` (``critic.``: ``python -m critics.train``), checked before
+    any model loads: a known name, and a run's model folder as its stage recorded it."""
+    from omegaconf import OmegaConf
+
+    for key, kind, not_models in MODEL_KEYS:
+        name = OmegaConf.select(cfg, key)
+        if key.startswith(prefix) and isinstance(name, str) and name not in not_models:
+            check_model_name(name, kind, key)
+            check_model_folder(name, key)
+
+
+def check_model_folder(name: str, key: str) -> None:
+    """A model given as another run's folder (``model.name=<run>/iter_0/model``) is checked against the record its
+    fine-tuning stage left (size + SHA-256 of its files; ``i2d2.io.verify_model_folder``): a truncated safetensors
+    failed inside transformers, naming no file. A folder made by hand, with no marker beside it, is not checked."""
+    from i2d2.config import ConfigError
+    from i2d2.io import DataError, verify_model_folder
+
+    try:
+        verify_model_folder(name)
+    except DataError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
 def check_model_name(name: str, kind: str = "", where: str = "") -> str:
     """``name`` resolved to what ``from_pretrained`` gets (a local folder or a hub id), or ``name`` itself for
     ``packaged:`` / ``tiny:`` names; UnknownModelError listing the known names otherwise. Cheap: no transformers

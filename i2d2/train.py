@@ -20,13 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from i2d2 import config  # noqa: F401  (registers the ${i2d2.*} resolvers before Hydra composes)
-
-# (key, kind, values that name no model): every model name a recipe loads, checked before any model loads
-MODEL_KEYS = (("model.name", "causal LM", ()), ("critic.name", "classifier", ()), ("task.model", "seq2seq", ()),
-              ("critic.probe_lm", "causal LM", ()),
-              ("task.filters.contradiction.scorer", "NLI", ("offline", "comparative-direction", "cross_encoder")),
-              ("task.filters.contradiction.cross_encoder.name", "cross-encoder body", ()),
-              ("task.filters.dedup.encoder", "sentence encoder", ()), ("task.qa.evaluate.model", "causal LM", ()))
+from i2d2.models import check_models
 
 
 def check_start(cfg: DictConfig) -> None:
@@ -46,30 +40,6 @@ def check_start(cfg: DictConfig) -> None:
     if HydraConfig.initialized():
         check_logger_overrides(HydraConfig.get().overrides.task)
     check_models(cfg)
-
-
-def check_models(cfg: DictConfig, prefix: str = "") -> None:
-    """Every model name of ``MODEL_KEYS`` under ``prefix`` (``critic.``: ``python -m critics.train``), checked before
-    any model loads: a known name, and a run's model folder as its stage recorded it."""
-    from i2d2.models import check_model_name
-
-    for key, kind, not_models in MODEL_KEYS:
-        name = OmegaConf.select(cfg, key)
-        if key.startswith(prefix) and isinstance(name, str) and name not in not_models:
-            check_model_name(name, kind, key)
-            check_model_folder(name, key)
-
-
-def check_model_folder(name: str, key: str) -> None:
-    """A model given as another run's folder (``model.name=<run>/iter_0/model``) is checked against the record its
-    fine-tuning stage left (size + SHA-256 of its files; ``i2d2.io.verify_model_folder``): a truncated safetensors
-    failed inside transformers, naming no file. A folder made by hand, with no marker beside it, is not checked."""
-    from i2d2.io import DataError, verify_model_folder
-
-    try:
-        verify_model_folder(name)
-    except DataError as e:
-        raise config.ConfigError(f"{key}: {e}") from None
 
 
 def check_logger_overrides(overrides) -> None:

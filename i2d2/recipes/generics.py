@@ -197,7 +197,7 @@ def check_config(cfg: DictConfig) -> None:
 def generator_name(cfg: DictConfig, k: int) -> str:
     """P_k: the configured base LM for k = 0, else the model iteration k-1 wrote (its files as the fine-tuning stage
     recorded them: a truncated safetensors failed in transformers, naming no file)."""
-    if k == 0:  # another run's iter_j/model given as model.name: checked at start-up (train.check_model_folder)
+    if k == 0:  # another run's iter_j/model given as model.name: checked at start-up (models.check_model_folder)
         return str(cfg.model.name)
     try:
         prev = verified_iteration_model(cfg.run_dir, k - 1)
