@@ -78,12 +78,14 @@ def _stratified_pick(scores: np.ndarray, k: int, rng: np.random.Generator) -> np
     return np.array([rng.choice(b) for b in np.array_split(order, k)])
 
 
-def check_export_target(out_path: str | Path) -> None:
-    """An export writes ``out_path`` only where that loses nothing: a file that does not exist, or an earlier export
-    nobody has labelled yet. Exporting twice over a file being labelled wiped its labels, and ``--out`` naming the
-    input (``kept.jsonl``) or a labels store replaced it with the sample; a DataError names the file instead."""
+def check_export_target(out_path: str | Path, stored: Iterable[str] = ()) -> None:
+    """An export writes ``out_path`` only where that loses nothing: a file that does not exist or is empty, an
+    earlier export nobody has labelled yet, or one whose labelled statements are all in the labels store already
+    (``stored``: its statements; imported, as the blind round does once an iteration). Exporting twice over a file
+    being labelled wiped its labels, and ``--out`` naming the input (``kept.jsonl``) or a labels store replaced it
+    with the sample; a DataError names the file instead."""
     out_path = Path(out_path)
-    if not out_path.exists():
+    if not out_path.exists() or (out_path.is_file() and out_path.stat().st_size == 0):
         return
     try:
         rows = (read_csv(out_path, required=("item_id", "statement", "label")) if out_path.suffix.lower() == ".csv"
@@ -93,10 +95,13 @@ def check_export_target(out_path: str | Path) -> None:
     except (DataError, OSError):
         raise DataError(f"--out {out_path} exists and is not an export of statements to label: an export would "
                         "replace it; choose another file") from None
+    stored = {normalize_statement(s) for s in stored}
     labelled = [r for r in rows if str(r.get("label") or "").strip() or str(r.get("votes") or "").strip()]
-    if labelled:
-        raise DataError(f"--out {out_path} holds {len(labelled)} label(s) already: an export would write over them; "
-                        "import it first (`python -m i2d2.annotate import`), or choose another --out")
+    not_imported = [r for r in labelled if normalize_statement(r["statement"]) not in stored]
+    if not_imported:
+        raise DataError(f"--out {out_path} holds {len(not_imported)} label(s) not in the labels store: an export "
+                        "would write over them; import it first (`python -m i2d2.annotate import`), or choose "
+                        "another --out")
 
 
 def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_concept: int = 4,
@@ -108,8 +113,8 @@ def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_conc
     rows with a ``score_key``, uniform among its rows where none has one. Statements in ``exclude`` (already labelled) and
     duplicates are skipped. ``fmt`` is 'csv' or 'jsonl' (default: from the suffix). Returns the exported rows.
     """
-    out_path = Path(out_path)
-    check_export_target(out_path)
+    out_path, exclude = Path(out_path), list(exclude)
+    check_export_target(out_path, exclude)
     fmt = fmt or ("csv" if out_path.suffix.lower() == ".csv" else "jsonl")
     seen = {normalize_statement(s) for s in exclude}
     by_concept: dict[str, list[dict]] = {}
@@ -305,13 +310,13 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     import hashlib
 
     run_dir, out_path = Path(run_dir), Path(out_path)
-    check_export_target(out_path)  # before the key is written
-    rows = heldout_statements(run_dir)
-    if not rows:
-        raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")
     store = heldout_store(run_dir)
     done = ({normalize_statement(r["statement"]) for r in read_jsonl(store, required=("statement",))}
             if store.exists() else set())
+    check_export_target(out_path, done)  # before the key is written
+    rows = heldout_statements(run_dir)
+    if not rows:
+        raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")
     rng = np.random.default_rng(seed)
     by_iter: dict[int, list[dict]] = {}
     for r in rows:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from i2d2.annotation import export_blind, heldout_store, import_annotations, import_blind, labels_store
-from i2d2.io import DataError, read_jsonl, write_jsonl
+from i2d2.io import DataError, read_csv, read_jsonl, write_csv, write_jsonl
 
 
 def _fake_run(root):
@@ -238,10 +238,30 @@ def test_an_export_never_writes_over_labels_or_another_file(tmp_path, capsys, bl
     before = {p: p.read_bytes() for p in (tmp_path / "b.jsonl", tmp_path / "kept.jsonl", key) if p.exists()}
     capsys.readouterr()
     assert export(tmp_path / "b.jsonl") == 2
-    assert f"error: --out {tmp_path}/b.jsonl holds 1 label(s) already" in capsys.readouterr().err
+    assert f"error: --out {tmp_path}/b.jsonl holds 1 label(s) not in the labels store" in capsys.readouterr().err
     assert export(tmp_path / "kept.jsonl") == 2
     assert "is not an export of statements to label" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before
+    (tmp_path / "empty.jsonl").write_text("")  # an empty file loses nothing (`touch` before the first export)
+    assert export(tmp_path / "empty.jsonl") == 0
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_the_blind_round_exports_again_over_a_file_it_imported(tmp_path, capsys, suffix):
+    """The README's round, once an iteration: export --blind, label, import --blind, export --blind to the same file.
+    The labels are in the store after the import, so writing over the file loses nothing; the refusal ("import it
+    first") could not be cleared by importing."""
+    from i2d2.annotate import main
+
+    run = _fake_run(tmp_path / "run")
+    out = tmp_path / f"blind.{suffix}"
+    export = ["export", "--blind", "--run-dir", str(run), "--out", str(out), "--n", "1"]
+    assert main(export) == 0
+    rows = read_csv(out) if suffix == "csv" else read_jsonl(out)
+    rows = [dict(r, label="true") for r in rows]
+    write_csv(out, rows, list(rows[0])) if suffix == "csv" else write_jsonl(out, rows)
+    assert main(["import", "--blind", "--run-dir", str(run), "--input", str(out)]) == 0
+    assert main(export) == 0, capsys.readouterr().err
 
 
 def test_accuracy_of_a_run_without_held_out_generations_is_an_error(tmp_path, capsys):
