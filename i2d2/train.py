@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -32,7 +33,9 @@ def check_start(cfg: DictConfig) -> None:
     config.need(isinstance(cfg.get("run_dir"), str) and cfg.run_dir.strip() != "", "run_dir",
                 f"must name a folder, got {cfg.get('run_dir')!r}")
     for key in ("run_dir", "cache_dir"):  # cache_dir: a FileExistsError traceback once the run had started
-        blocker = config.file_in_the_way(cfg[key]) if cfg.get(key) else None
+        # cache_dir as models.use_cache_dir reads it (~ expanded); run_dir as Hydra does (it does not expand ~)
+        where = Path(str(cfg[key])).expanduser() if key == "cache_dir" and cfg.get(key) else cfg.get(key)
+        blocker = config.file_in_the_way(where) if where else None
         config.need(blocker is None, key, f"must name a folder, but {blocker} is a file"
                     + ("" if str(blocker) == str(cfg[key]) else f" ({key}={cfg[key]})"))
     from hydra.core.hydra_config import HydraConfig
@@ -185,7 +188,6 @@ def discard_launch_folders(lock) -> None:
     launch created (a misspelt one) that now holds nothing, or only the lock file this launch held. A folder
     ``hydra.run.dir`` names by hand (or a multirun's) is left alone, and so is a run_dir that existed before."""
     import shutil
-    from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 

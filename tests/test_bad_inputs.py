@@ -547,3 +547,14 @@ def table() -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+def test_a_cache_dir_under_home_that_is_a_file_is_refused(tmp_path, monkeypatch):
+    # models.use_cache_dir expands ~; the start-up check looked at a literal '~' folder and let it through
+    from i2d2.config import ConfigError
+    from i2d2.train import check_start
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "notes.txt").write_text("kept\n")
+    with pytest.raises(ConfigError, match=rf"cache_dir: must name a folder, but {tmp_path}/notes.txt is a file"):
+        check_start(compose(f"run_dir={tmp_path}/run", "cache_dir='~/notes.txt/cache'"))
