@@ -67,7 +67,9 @@ def input_sentences(args) -> list[str]:
     if args.file:
         try:
             from_file = read_sentences(args.file)
-        except (OSError, UnicodeDecodeError, DataError) as e:  # missing, a folder, not UTF-8 text
+        except DataError as e:  # read, but not one sentence a line (its message names file:line)
+            raise InputError(f"--file: {e}") from None
+        except (OSError, UnicodeDecodeError) as e:  # missing, a folder, not UTF-8 text
             raise InputError(f"--file {args.file}: cannot read it ({e.__class__.__name__}: {e})") from None
         if not from_file:
             raise InputError(f"--file {args.file}: no sentences in it (empty, or only blank and '#' lines)")
@@ -80,9 +82,14 @@ def input_sentences(args) -> list[str]:
 def check_outputs(args) -> None:
     """--out / --dropped must name files: a folder was found only when writing, after every candidate was generated,
     as an IsADirectoryError traceback."""
+    from i2d2.config import file_in_the_way
+
     for flag, path in (("--out", args.out), ("--dropped", args.dropped)):
         if path is not None and path.is_dir():
             raise InputError(f"{flag} {path}: is a folder; give a file to write the JSON lines to")
+        blocker = file_in_the_way(path.parent) if path is not None else None  # 'notes.txt/out.jsonl'
+        if blocker is not None:
+            raise InputError(f"{flag} {path}: {blocker} is a file, not a folder to write into")
 
 
 class InputError(ValueError):

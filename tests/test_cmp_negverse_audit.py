@@ -337,12 +337,16 @@ def test_negverse_eval_metrics_reach_the_logger_once(tmp_path, nlp, monkeypatch)
 def test_negverse_pairs_tsv_given_as_eval_sentences_is_refused(tmp_path):
     # it was read as sentences like 'She likes apples.\tShe doesn't like apples.\tverbal' and trained and evaluated
     # on: the held-out check compared whole lines, so these training pairs passed as held-out sentences
-    from i2d2.io import DataError
+    from i2d2.config import ConfigError
+    from i2d2.negverse.data import read_sentences
     from i2d2.recipes.negverse import check_config
 
     cfg = _nv_cfg(tmp_path, f"data.eval_sentences={tmp_path / 'pairs.tsv'}")
-    with pytest.raises(DataError, match=r"pairs.tsv:1: a tab in a one-sentence-a-line file"):
+    with pytest.raises(ConfigError, match=r"^data\.eval_sentences: .*pairs.tsv:1: a tab in a one-sentence-a-line file"):
         check_config(cfg)
+    # a trailing tab, or a line of whitespace, is no second column: such files were read before the check came
+    (tmp_path / "ev.txt").write_text("The dog is hungry.\t\n\t\nShe likes tea.\n")
+    assert read_sentences(tmp_path / "ev.txt") == ["The dog is hungry.", "She likes tea."]
 
 
 def test_negverse_report_names_the_eval_file_and_flags_the_bundled_one_however_given(tmp_path, monkeypatch):

@@ -91,6 +91,9 @@ CLAUSES = [("The librarian found the book.", "The librarian did not find the boo
            ("The doctor was patient with the children.", "The doctor was patient with no children.", None),
            ("This is fine.", "Nothing is fine.", None),  # 'This' is no noun's determiner
            ("Some students passed.", "Not all students passed.", None),
+           ("A student passed the exam.", "Not one student passed the exam.", None),  # an independent review's
+           ("Both he and she like tea.", "Neither he nor she likes tea.", None),  # cases, dropped at first
+           ("Both the cat and the dog are hungry.", "Neither the cat nor the dog is hungry.", None),
            # kept by the bundled run: a negation in another tense
            ("The workers are happy with their pay.", "The workers were not happy with their pay.", "tense_changed"),
            ("She runs fast.", "She did not run fast.", "tense_changed"),
@@ -213,12 +216,18 @@ def test_negate_empty_or_unreadable_input_is_an_error_naming_the_file(tmp_path, 
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"\xff\xfe\x00\x81")
     assert main(["--file", str(binary)]) == 2
-    assert "bin.txt: cannot read it" in capsys.readouterr().err
+    assert "bin.txt:1: file is UTF-16" in capsys.readouterr().err  # the reader says what is wrong with it
     assert main(["   "]) == 2 and "blank" in capsys.readouterr().err
     # a folder as --out / --dropped: refused before any model loads (was a traceback after generating everything)
     for flag in ("--out", "--dropped"):
         assert main(["x", flag, str(tmp_path), "--adapter", str(tmp_path / "none")]) == 2
         assert f"{flag} {tmp_path}: is a folder" in capsys.readouterr().err
+        assert main(["x", flag, str(empty / "out.jsonl"), "--adapter", str(tmp_path / "none")]) == 2
+        assert f"{flag} {empty / 'out.jsonl'}: {empty} is a file" in capsys.readouterr().err
+    # a TSV given as --file: its own message (file:line), not "cannot read it"
+    (tmp_path / "pairs.tsv").write_text("She likes tea.\tShe does not like tea.\tverbal\n")
+    assert main(["--file", str(tmp_path / "pairs.tsv")]) == 2
+    assert f"--file: {tmp_path / 'pairs.tsv'}:1: a tab" in capsys.readouterr().err
 
 
 def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, capsys):
@@ -259,3 +268,8 @@ def test_neither_and_nor_after_a_determiner_are_misplaced(candidate):
     assert degenerate_reason({"original": "Everyone liked the new teacher.", "negation": candidate}) \
         == "misplaced_negation"
     assert degenerate_reason({"original": "They liked the film.", "negation": "Neither of them liked the film."}) is None
+    # after a pronoun or a conjunction that is spelt as a determiner, they stand
+    for original, negation in (("He likes this and that.", "He likes neither this nor that."),
+                               ("The book is his or hers.", "The book is neither his nor hers."),
+                               ("I know that he came.", "I know that neither he nor she came.")):
+        assert degenerate_reason({"original": original, "negation": negation}) is None, negation

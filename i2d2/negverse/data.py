@@ -30,7 +30,7 @@ def read_sentences(path: str | Path) -> list[str]:
     given here was read as glued 'original negated type' sentences, which also slipped past the held-out check."""
     out = []
     for lineno, ln in enumerate(read_text(path).splitlines(), 1):
-        if "\t" in ln and not ln.startswith("#"):
+        if "\t" in ln.strip() and not ln.startswith("#"):  # a tab inside the text; trailing whitespace is stripped
             raise DataError(f"{path}:{lineno}: a tab in a one-sentence-a-line file (a TSV such as the pairs file?)")
         if ln.strip() and not ln.startswith("#"):
             out.append(ln.strip())

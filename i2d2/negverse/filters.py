@@ -66,6 +66,10 @@ def degenerate_reason(row: dict, max_len_ratio: float = 2.0) -> str | None:
 # neither / nor too: "liked the neither the teacher" (a cue after a determiner) was kept
 _CUES = {"not", "no", "never", "nobody", "nothing", "none", "nowhere", "neither", "nor"}
 _DETS = {"the", "a", "an", "this", "that", "these", "those", "my", "his", "her", "their", "our", "its", "your"}
+# the words before which neither / nor are misplaced: only articles, since 'this', 'that', 'his', 'her' are also
+# pronouns ('likes neither this nor that', 'neither his nor hers') and 'that' a conjunction ('that neither he ...')
+_ARTICLES = {"the", "a", "an"}
+_COORDINATED = {"neither", "nor"}
 
 
 def _repeated_phrase(words: list[str], orig_words: list[str], n: int = 2) -> bool:
@@ -100,7 +104,7 @@ def _misplaced_cue(neg: str) -> bool:
         low = t.lower()
         if low not in _CUES:
             continue
-        if i > 0 and toks[i - 1].lower() in _DETS:
+        if i > 0 and toks[i - 1].lower() in (_ARTICLES if low in _COORDINATED else _DETS):
             return True
         if low == "not" and (i + 1 == len(toks) or toks[i + 1] in ".!?"):
             return True
@@ -260,8 +264,11 @@ def _cue_for_preposition(doc, orig_doc, ops) -> bool:
 def _cue_for_determiner(doc, orig_doc, ops) -> bool:
     """The candidate replaced one of the original's determiners with a negation that cannot stand before a noun:
     'patient with not children' ('with no children' is the negation; 'no' and a kept determiner pass)."""
+    def before_a_noun(t) -> bool:  # 'not children'; 'not one student', 'not a single', 'not all' stand
+        return t.i + 1 < len(t.doc) and t.nbor(1).pos_ in ("NOUN", "PROPN", "ADJ")
+
     return any(op == "replace" and all(t.dep_ == "det" for t in orig_doc[i1:i2])
-               and any(t.lower_ in _CUES - {"no"} or t.lower_ == "n't" for t in doc[j1:j2])
+               and any((t.lower_ in _CUES - {"no"} or t.lower_ == "n't") and before_a_noun(t) for t in doc[j1:j2])
                and not any(t.tag_ == "DT" for t in doc[j1:j2]) for op, i1, i2, j1, j2 in ops)
 
 
@@ -281,6 +288,8 @@ def _agreement_changed(doc, orig_doc, ops) -> bool:
     changed = [(orig_doc[i1:i2], doc[j1:j2]) for op, i1, i2, j1, j2 in ops if op != "equal"]
     if any(t.pos_ in ("NOUN", "PROPN", "PRON") for _, new in changed for t in new):
         return False  # a new subject or complement may take the other number: 'There are no cafes', 'Nobody is'
+    if any(t.lower_ in _COORDINATED for _, new in changed for t in new):
+        return False  # 'Both he and she like tea.' -> 'Neither he nor she likes tea.': the subject's number changed
 
     def numbers(tokens):
         return {t.tag_ for t in tokens if t.tag_ in ("VBZ", "VBP")}

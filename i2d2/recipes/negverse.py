@@ -74,13 +74,19 @@ def check_config(cfg) -> None:
     from i2d2.negverse.data import read_sentences, resolve, seen_in_training
 
     ev = resolve(cfg.data.eval_sentences, "eval_sentences.txt")
-    need(bool(read_sentences(ev)), "data.eval_sentences",
-         f"{ev} holds no sentences (empty, or only blank and '#' lines)")
+    d = cfg.data
+    try:  # a file of the wrong kind (a TSV) named with its key, as the other start-up errors are
+        sentences = read_sentences(ev)
+        affirmatives = resolve(d.affirmatives, "affirmatives.txt") if d.use_rules else None
+        if affirmatives is not None:
+            read_sentences(affirmatives)
+    except DataError as e:
+        raise ConfigError(f"{'data.eval_sentences' if str(e).startswith(str(ev)) else 'data.affirmatives'}: {e}") \
+            from None
+    need(bool(sentences), "data.eval_sentences", f"{ev} holds no sentences (empty, or only blank and '#' lines)")
     # the evaluation reports on held-out sentences: one the prompt trained on (a pair's either side, or an
     # affirmative the rules derive pairs from), also re-cased or re-punctuated, is refused (this was only assumed)
-    d = cfg.data
-    seen = seen_in_training(read_sentences(ev), resolve(d.pairs, "pairs.tsv"),
-                            resolve(d.affirmatives, "affirmatives.txt") if d.use_rules else None)
+    seen = seen_in_training(sentences, resolve(d.pairs, "pairs.tsv"), affirmatives)
     need(not seen, "data.eval_sentences",
          f"{len(seen)} sentence(s) of {ev} are also training sentences (case and punctuation ignored): "
          + "; ".join(f"{e!r} ~ {t!r}" for e, t in seen[:5]) + (" ..." if len(seen) > 5 else ""))
@@ -259,10 +265,11 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     eval_file = Path(d.eval_sentences or DATA_DIR / "eval_sentences.txt")
     fp_eval = fingerprint(fp_train, eval_file, Path(cfg.task.cue_lexicon), _c(cfg.task.generate),
                           _c(cfg.task.filters), _c(cfg.task.masking), int(cfg.seed),
-                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v8")
+                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v9")
     # eval format: v3 verb checks, v4 subject / lone "no" / preposition, v5 questions, imperatives, inversion...,
     # v6 each sentence once, dedupe folds a final .!? and ’, counts beside the rates, untyped shares null,
-    # v7 neither / nor after a determiner, a cue for a determiner, a changed tense, v8 a changed verb number
+    # v7 neither / nor after a determiner, a cue for a determiner, a changed tense, v8 a changed verb number,
+    # v9 neither / nor after a pronoun, "not one", neither ... nor subjects stand
     eval_dir = run_dir / "eval"
     metrics = run_stage(eval_dir, fp_eval, lambda out: eval_stage(cfg, nlp, train_dir / "adapter", out, tracker),
                         "negverse-eval")
