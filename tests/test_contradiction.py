@@ -157,3 +157,22 @@ def test_contradiction_stage_counts_the_k_cap_apart_from_contradictions(tmp_path
     report = _report(0, prompts, counts, {}, pd.DataFrame(columns=["statement", "score"]), [])
     assert "dropped 1 statements that contradict more than half of their pair's others and 1 beyond the k best" \
         in report
+
+
+def test_contradiction_stage_without_k_reports_no_cap():
+    # k: null keeps every consistent statement: the report said "0 beyond the k best" of a cap that was not there
+    import pandas as pd
+
+    from i2d2.recipes.comparatives import _report
+
+    C = np.zeros((3, 3))
+    df = pd.DataFrame({"pair_id": ["a"] * 3, "statement": list("abc"), "score": [0.0, -1.0, -2.0]})
+    dropped = {}
+    assert len(F.contradiction_filter(df, _Fixed(C, C), k=None, dropped=dropped)) == 3
+    assert dropped == {"contradicted": 0}
+    prompts = {"n_classes": 1, "n_entities": 2, "n_pairs": 1, "n_pairs_after_perplexity": 1, "n_pairs_used": 1,
+               "passes": ["are generally"]}
+    counts = {"contradiction": {"in": 3, "out": 3, **dropped}}
+    report = _report(0, prompts, counts, {}, pd.DataFrame(columns=["statement", "score"]), [])
+    assert "dropped 0 statements that contradict more than half of their pair's others." in report
+    assert "beyond the k best" not in report

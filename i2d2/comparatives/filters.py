@@ -172,7 +172,7 @@ def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_
     Adds ``n_contradict``/``n_agree``/``n_others``. ``dropped`` (a dict) receives how many rows each step took out,
     ``contradicted`` and ``beyond_k``: the stage's in -> out alone reads as all contradictions."""
     if dropped is not None:
-        dropped.update(contradicted=0, beyond_k=0)
+        dropped.update(contradicted=0, **({} if k is None else {"beyond_k": 0}))
     if df.empty:
         return df.assign(n_contradict=pd.Series(dtype=int), n_agree=pd.Series(dtype=int),
                          n_others=pd.Series(dtype=int))
@@ -191,8 +191,8 @@ def contradiction_filter(df: pd.DataFrame, scorer, c_threshold: float = 0.99, e_
     if k is not None:
         top = out.sort_values(score_col, ascending=False, kind="stable").groupby(group_col, sort=False).head(int(k))
         out = out.loc[out.index.isin(top.index)]
-    if dropped is not None:
-        dropped.update(contradicted=len(df) - n_consistent, beyond_k=n_consistent - len(out))
+    if dropped is not None:  # no k: nothing is dropped beyond it, and the report says nothing of a cap
+        dropped.update(contradicted=len(df) - n_consistent, **({} if k is None else {"beyond_k": n_consistent - len(out)}))
     return out
 
 

@@ -758,8 +758,9 @@ def _report(k, prompts, counts, metrics, samples, qa) -> str:
     lines += [f"| {s} | {c.get('in')} | {_stage_out(s, c)} |" for s, c in counts.items()]
     con = counts.get("contradiction") or {}
     if "contradicted" in con:  # the stage also keeps only the k best per pair: its in -> out is not all contradictions
+        beyond = f" and {con['beyond_k']} beyond the k best (by S) per pair" if "beyond_k" in con else ""
         lines += ["", f"The contradiction stage dropped {con['contradicted']} statements that contradict more than half "
-                      f"of their pair's others and {con['beyond_k']} beyond the k best (by S) per pair."]
+                      f"of their pair's others{beyond}."]
     by_pass = metrics.get("passes") or []
     if by_pass:
         stages = [c for c in by_pass[0] if c not in ("pass", "prompts")]
