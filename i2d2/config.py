@@ -325,14 +325,21 @@ def _typed_unknown_keys(node, where: str, out: dict) -> None:
 
 
 def _root_keys() -> list[str]:
-    """The keys a composed config may hold at its root: conf/train.yaml's and conf/generate.yaml's own and the
-    groups their defaults pick."""
+    """The keys a composed config may hold at its root: its config file's own (conf/train.yaml, or generate.yaml,
+    which adds ``generate``; both outside a Hydra job) and the groups their defaults pick, but for ``experiment``:
+    its presets are ``_global_`` and leave no key of that name (``+experiment.smoke=1`` was accepted, and so was
+    ``+generate.top_k=3`` in i2d2.train, which never reads it)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    names = ("train", "generate")  # generate.yaml composes train.yaml and adds its own
+    if HydraConfig.initialized() and HydraConfig.get().job.config_name == "train":
+        names = ("train",)
     keys = set()
-    for name in ("train", "generate"):
+    for name in names:
         raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / f"{name}.yaml"), resolve=False)
         keys |= {k for k in raw if k not in ("defaults", "hydra")}
         keys |= {k.split("/")[0] for d in raw.get("defaults", []) if isinstance(d, dict) for k in d}
-    return sorted(keys)
+    return sorted(keys - {"experiment"})
 
 
 def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:

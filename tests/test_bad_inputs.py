@@ -407,6 +407,9 @@ CLI_CASES = [
     ("python -m i2d2.train +task.filter.dleta=0.5", ["+task.filter.dleta=0.5"], r"unknown config key\(s\): task\.filter\.dleta"),
     # Hydra refuses iteraton=1 suggesting +iteraton=1, which it then took: the run started at iteration 0
     ("python -m i2d2.train +iteraton=1", ["+iteraton=1"], r"unknown config key\(s\): iteraton .*root: cache_dir"),
+    # a preset group leaves no root key, and i2d2.train reads no generate section: both were accepted unread
+    ("python -m i2d2.train +experiment.smoke=1", ["+experiment.smoke=1"], r"unknown config key\(s\): experiment "),
+    ("python -m i2d2.train +generate.top_k=3", ["+generate.top_k=3"], r"unknown config key\(s\): generate "),
     ("python -m i2d2.train task.filter.delta=2", ["task.filter.delta=2"], r"task\.filter\.delta: must be null"),
     ("python -m i2d2.train task=negverse task.train.lr=1e-2x", ["task=negverse", "task.train.lr=1e-2x"],
      r"error: config value\(s\) of the wrong type: task\.train\.lr='1e-2x'"),
