@@ -375,20 +375,20 @@ def _f(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
 
 
-def checked_labels(cfg: dict, seed_annotations: list) -> list[Path]:
-    """The label files, read and split as ``train_critic`` will (quietly: it logs them): a broken row or too few
-    rows fails here, naming ``critic.seed_annotations`` and file:line, before ``--out`` holds this config's start
-    marker (after which the command run again on the corrected file was refused as "other work")."""
+def checked_labels(cfg: dict, seed_annotations: list, run_dir=None) -> tuple[list[Path], tuple]:
+    """The label files (``run_dir``: with its labels store) and ``labelled_splits`` of them, read as the critic stage
+    will (quietly: it logs them): a broken row or too few rows fails at start-up as a ConfigError naming
+    ``critic.seed_annotations`` and file:line (``critics.train``: before ``--out`` holds this config's start marker,
+    after which the command run again on the corrected file was refused as "other work")."""
     from i2d2.annotation import critic_annotation_paths
     from i2d2.config import ConfigError
 
     try:
-        paths = critic_annotation_paths(seed_annotations, None)
-        labelled_splits(cfg, paths, quiet=True)
+        paths = critic_annotation_paths(seed_annotations, run_dir)
+        return paths, labelled_splits(cfg, paths, quiet=True)
     except (ValueError, OSError) as e:
         msg = str(e)
         raise ConfigError(msg if msg.startswith("critic.") else f"critic.seed_annotations: {msg}") from None
-    return paths
 
 
 def _error_message(e: Exception) -> str:
@@ -420,8 +420,7 @@ def main(argv=None) -> int:
     from i2d2 import config
     from i2d2.io import fingerprint, run_stage, stage_fingerprint
     from i2d2.lightning_setup import single_device_trainer
-    from i2d2.models import use_cache_dir
-    from i2d2.models import check_models
+    from i2d2.models import check_models, use_cache_dir
 
     ap = argparse.ArgumentParser(prog="python -m critics.train", description=main.__doc__)
     ap.add_argument("--out", required=True, help="output folder (a stage folder: reused, resumed or refused)")
@@ -440,7 +439,7 @@ def main(argv=None) -> int:
         check_models(cfg, prefix="critic.")
         blocker = config.file_in_the_way(out)  # was a NotADirectoryError traceback from the stage's first write
         config.need(blocker is None, "--out", f"must name a folder, but {blocker} is a file")
-        paths = checked_labels(critic_config(cfg.critic), list(cfg.critic.seed_annotations))
+        paths, _ = checked_labels(critic_config(cfg.critic), list(cfg.critic.seed_annotations))
         # the split by entity (split_groups) is an input: a folder trained on a split by pair alone is refused
         fp = fingerprint("critic", *paths, fingerprint_view(plain(cfg.critic)), "split-by-entity")
         if out.is_dir() and any(out.iterdir()) and stage_fingerprint(out) != fp:

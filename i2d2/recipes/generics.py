@@ -148,16 +148,9 @@ def check_config(cfg: DictConfig) -> None:
     # second), so a missing, broken or too small file fails now, naming its line, not after generation; so does a
     # probe's few-shot context without enough candidates
     from critics.probe import probe_context
-    from critics.train import labelled_splits
-    from i2d2.annotation import critic_annotation_paths
+    from critics.train import checked_labels
 
-    try:
-        paths = critic_annotation_paths(list(critic["seed_annotations"]), cfg.run_dir)
-        # quiet: the critic stage logs what it reads (this check runs twice, from i2d2.train and from run)
-        rows, texts, _, (train_idx, _, _), _ = labelled_splits(critic, paths, quiet=True)
-    except (ValueError, OSError) as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith("critic.") else f"critic.seed_annotations: {msg}") from None
+    _, (rows, texts, _, (train_idx, _, _), _) = checked_labels(critic, list(critic["seed_annotations"]), cfg.run_dir)
     if critic["kind"] == "probe" and critic["probe_context"]["examples"]:
         try:  # its message names critic.probe_context
             probe_context(critic, rows, texts, train_idx)
