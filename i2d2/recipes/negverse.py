@@ -75,14 +75,17 @@ def check_config(cfg) -> None:
 
     ev = resolve(cfg.data.eval_sentences, "eval_sentences.txt")
     d = cfg.data
-    try:  # a file of the wrong kind (a TSV) named with its key, as the other start-up errors are
-        sentences = read_sentences(ev)
-        affirmatives = resolve(d.affirmatives, "affirmatives.txt") if d.use_rules else None
-        if affirmatives is not None:
-            read_sentences(affirmatives)
-    except DataError as e:
-        raise ConfigError(f"{'data.eval_sentences' if str(e).startswith(str(ev)) else 'data.affirmatives'}: {e}") \
-            from None
+    affirmatives = resolve(d.affirmatives, "affirmatives.txt") if d.use_rules else None
+
+    def sentences_of(path, key):  # a file of the wrong kind (a TSV) named with its key, as other start-up errors are
+        try:
+            return read_sentences(path)
+        except DataError as e:
+            raise ConfigError(f"{key}: {e}") from None
+
+    sentences = sentences_of(ev, "data.eval_sentences")
+    if affirmatives is not None:
+        sentences_of(affirmatives, "data.affirmatives")
     need(bool(sentences), "data.eval_sentences", f"{ev} holds no sentences (empty, or only blank and '#' lines)")
     # the evaluation reports on held-out sentences: one the prompt trained on (a pair's either side, or an
     # affirmative the rules derive pairs from), also re-cased or re-punctuated, is refused (this was only assumed)
