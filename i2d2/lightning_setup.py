@@ -9,6 +9,8 @@
   JSON says ``"auto"``), the bf16 / fp16 section the trainer precision implies (a contradicting section is an
   error naming the file), and the trainer's ``gradient_clip_val`` as ``gradient_clipping`` (DeepSpeed clips);
 * ``bf16`` falls back to fp16 mixed precision on a GPU without bf16.
+* a fit bounded by ``max_steps`` (``max_epochs=-1``) gets a progress bar that names its step budget, not
+  Lightning's ``Epoch 0/-2`` (``StepLimitedRichProgressBar``).
 
 Also here: ``resolve_device`` (inference device from ``trainer.accelerator``), ``adamw_param_groups`` (the one
 no-decay rule), ``resume_checkpoint`` (DeepSpeed checkpoints are directories) and ``full_weights`` (ZeRO-3
@@ -27,6 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 
 from i2d2.config import plain  # noqa: F401  (re-exported: the recipes call lightning_setup.plain)
 
@@ -375,9 +378,21 @@ def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: st
     # every fit: hyper-parameters under a namespace, progress lines in the log files (below)
     name = where.split()[0] if where != "trainer" else None
     given = overrides.get("callbacks") or []
-    overrides["callbacks"] = [*(given if isinstance(given, (list, tuple)) else [given]), NamespacedHparams(name),
-                              ProgressLog(name or "fit")]
+    given = list(given if isinstance(given, (list, tuple)) else [given])
+    overrides["callbacks"] = [*given, NamespacedHparams(name), ProgressLog(name or "fit"), *_progress_bar(tc, overrides, given)]
     return hydra.utils.instantiate(tc, _convert_="all", **overrides)
+
+
+def _progress_bar(tc: Mapping, overrides: Mapping, given: list) -> list:
+    """The progress bar Lightning would add by itself (Rich where it is installed), as ``StepLimitedRichProgressBar``;
+    none where the fit turns the bar off or brings its own."""
+    from lightning.pytorch.callbacks.progress import ProgressBar
+    from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+
+    enabled = overrides.get("enable_progress_bar", tc.get("enable_progress_bar", True))
+    if not _RICH_AVAILABLE or enabled is False or any(isinstance(c, ProgressBar) for c in given):
+        return []
+    return [StepLimitedRichProgressBar()]
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -487,3 +502,18 @@ class ProgressLog(L.Callback):
             log.info("%s: epoch %d done at step %d %s (%.0fs)", self.name, *self._ended[:2], self._metrics(trainer),
                      self._ended[2])
         self._ended = None
+
+
+
+class StepLimitedRichProgressBar(RichProgressBar):
+    """Lightning's Rich bar, whose epoch description reads ``Epoch 0/<max_epochs - 1>``: a fit bounded by
+    ``max_steps`` (``max_epochs=-1``: NegVerse prompt tuning, CMP pre-training and few-shot fits) showed
+    ``Epoch 0/-2``. Such a fit's bar names its step budget instead: ``Epoch 0 (of a 300-step fit)``."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        steps = self.trainer.max_steps
+        text = f"Epoch {current_epoch}" + (f" (of a {steps}-step fit)" if steps and steps > 0 else "")
+        return f"{text:{len(self.validation_description)}}"  # padded as Lightning pads it (no flicker)

@@ -378,3 +378,18 @@ def test_the_entry_point_closes_the_process_group_a_strategy_left_open(tmp_path)
                        timeout=300, env=launch_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads((tmp_path / "group_at_exit.json").read_text()) == {"open": False}
+
+
+@pytest.mark.parametrize("limits,shown", [({"max_steps": 3, "max_epochs": -1}, "Epoch 0 (of a 3-step fit)"),
+                                          ({"max_epochs": 1}, "Epoch 0/0")])
+def test_progress_bar_of_a_step_limited_fit_names_its_steps(capsys, limits, shown):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    trainer = S.build_trainer({"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1}, logger=False,
+                              enable_checkpointing=False, enable_model_summary=False, limit_train_batches=3,
+                              limit_val_batches=0, **limits)
+    trainer.fit(BoringModel())
+    out = capsys.readouterr().out
+    assert shown in out and "/-2" not in out
+    quiet = S.build_trainer(None, logger=False, enable_progress_bar=False, max_steps=3)
+    assert quiet.progress_bar_callback is None
