@@ -284,16 +284,42 @@ def _unknown_keys(node, schema: dict, where: str, wrong: list | None = None) -> 
             out.append(f"{where}.{k}")
         elif isinstance(schema[k], dict) and schema[k] and isinstance(v, dict):
             out += _unknown_keys(v, schema[k], f"{where}.{k}", wrong)  # an empty or null default is free-form
-        elif wrong is not None and v is not None and not (isinstance(v, str) and v.startswith("${")):
-            d = schema[k]
-            if isinstance(d, bool) and not isinstance(v, bool):
-                wrong.append(f"{where}.{k}={v!r} (expected true or false)")
-            elif isinstance(d, (int, float)) and not isinstance(d, bool) and (
-                    isinstance(v, bool) or not isinstance(v, (int, float))):
-                wrong.append(f"{where}.{k}={v!r} (expected a number, like its default {d!r})")
-            elif isinstance(d, list) and not isinstance(v, list):  # function_words=7: a TypeError in a late stage
-                wrong.append(f"{where}.{k}={v!r} (expected a list, like its default {_list_hint(d)})")
+        elif wrong is not None:
+            _check_type(f"{where}.{k}", v, schema[k], wrong)
     return out
+
+
+def _check_type(key: str, v, d, wrong: list) -> None:
+    """Append to ``wrong`` a value ``v`` that cannot be what the numeric, boolean or list default ``d`` stands
+    for (a null, or an interpolation, is the reader's or the referenced value's business)."""
+    if v is None or (isinstance(v, str) and v.startswith("${")):
+        return
+    if isinstance(d, bool) and not isinstance(v, bool):
+        wrong.append(f"{key}={v!r} (expected true or false)")
+    elif isinstance(d, (int, float)) and not isinstance(d, bool) and (
+            isinstance(v, bool) or not isinstance(v, (int, float))):
+        wrong.append(f"{key}={v!r} (expected a number, like its default {d!r})")
+    elif isinstance(d, list) and not isinstance(v, list):  # function_words=7: a TypeError in a late stage
+        wrong.append(f"{key}={v!r} (expected a list, like its default {_list_hint(d)})")
+
+
+def _trainer_types() -> dict:
+    """The ``trainer`` keys whose shipped values (conf/trainer/*.yaml and the presets' ``trainer:`` nodes) are all
+    true/false or all numbers: one of them as its key's default. The trainer node takes any Lightning Trainer
+    argument, so its keys are not checked, only these values; a key whose shipped values differ in kind
+    (``devices``: 1 or auto) is left to Lightning."""
+    shipped: dict = {}
+    files = [*sorted((CONF_DIR / "trainer").glob("*.yaml")), *sorted((CONF_DIR / "experiment").rglob("*.yaml"))]
+    for path in files:
+        node = _load(path)
+        node = node if path.parent.name == "trainer" else node.get("trainer") or {}
+        for k, v in node.items():
+            shipped.setdefault(k, []).append(v)
+
+    def kind(v):
+        return "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else None
+
+    return {k: vs[0] for k, vs in shipped.items() if kind(vs[0]) and all(kind(v) == kind(vs[0]) for v in vs)}
 
 
 # sections without a structured config (i2d2/schemas.py types the others at composition): the whole task node,
@@ -348,7 +374,8 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
     Sections typed by a structured config (i2d2/schemas.py) are checked against their dataclass (Hydra refuses a
     misspelt override; this catches ``+key=`` additions too). The untyped ``sections`` are checked against the
     shipped YAML files (every key a stage reads has a documented default there): ``task`` against
-    :func:`_task_schema` of its ``task.recipe``, ``data`` against :func:`_data_schema` of it (both skipped for a recipe no shipped file names: its own code reads them)."""
+    :func:`_task_schema` of its ``task.recipe``, ``data`` against :func:`_data_schema` of it (both skipped for a recipe no shipped file names: its own code reads them). The ``trainer`` node takes any Lightning
+    Trainer argument; its values are checked against the kind of the shipped ones (:func:`_trainer_types`)."""
     recipe = OmegaConf.select(cfg, "task.recipe")
     bad, known, wrong = [], {}, []
     # Hydra refuses a misspelt root key and suggests "+iteraton=1", which it then takes: the run started at
@@ -382,6 +409,12 @@ def check_keys(cfg, sections=CHECKED_SECTIONS) -> None:
             known[parent] = sorted(here) if isinstance(here, dict) else []
             if OPEN_SECTIONS.get(parent):  # overrides of another schema: its fields are the keys
                 known[parent] = _field_names(OPEN_SECTIONS[parent])
+    trainer = OmegaConf.select(cfg, "trainer")
+    if trainer is not None:  # trainer.max_epochs=abc reached Lightning (ignored under max_steps, or a late error)
+        types = _trainer_types()
+        for k, v in OmegaConf.to_container(trainer, resolve=False).items():
+            if k in types:
+                _check_type(f"trainer.{k}", v, types[k], wrong)
     if wrong or bad:  # both kinds at once: a user fixes everything in one go
         msgs = [f"config value(s) of the wrong type: {', '.join(dict.fromkeys(wrong))}"] if wrong else []
         if bad:

@@ -120,3 +120,39 @@ def test_every_task_and_preset_passes_the_type_check(overrides):
     from i2d2.config import check_keys
 
     check_keys(_cfg(*overrides))
+
+
+# ----------------------------------------------------------------------------- trainer values
+
+
+@pytest.mark.parametrize("override, message", [
+    # accepted and ignored under a max_steps limit (NegVerse, CMP), a TypeError inside Lightning elsewhere
+    ("trainer.max_epochs=abc", r"trainer\.max_epochs='abc' \(expected a number, like its default 1\)"),
+    ("trainer.gradient_clip_val=abc", r"trainer\.gradient_clip_val='abc' \(expected a number"),
+    ("trainer.enable_checkpointing=maybe", r"trainer\.enable_checkpointing='maybe' \(expected true or false\)"),
+    ("+trainer.enable_progress_bar=1", r"trainer\.enable_progress_bar=1 \(expected true or false\)"),
+])
+def test_a_wrong_typed_trainer_value_is_refused_at_start_up(override, message):
+    from i2d2.config import ConfigTypeError, check_keys
+
+    with pytest.raises(ConfigTypeError, match=r"^config value\(s\) of the wrong type: " + message):
+        check_keys(_cfg(override))
+    # what Lightning takes stays allowed: any Trainer argument, nulls, -1, another kind of device count
+    check_keys(_cfg("trainer.max_epochs=-1", "trainer.gradient_clip_val=null", "trainer.devices=auto",
+                    "+trainer.limit_train_batches=0.5", "+trainer.val_check_interval=3"))
+
+
+def test_entry_point_refuses_a_wrong_typed_trainer_value_before_writing_to_run_dir(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", "task=negverse", f"run_dir={run}",
+                        "trainer.max_epochs=abc"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().startswith("error: config value(s) of the wrong type: trainer.max_epochs='abc'")
+    assert not run.exists()
