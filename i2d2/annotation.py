@@ -203,6 +203,7 @@ def import_annotations(path: str | Path, store_path: str | Path | None = None, l
     unchanged (``critic_score`` as a float).
     """
     path = Path(path)
+    _refuse_blind_export(path)
     out = _checked_labels(path, _read_labelled(path), label_map, on_error, errors)
     for rec in out:
         if iteration is not None:
@@ -210,6 +211,20 @@ def import_annotations(path: str | Path, store_path: str | Path | None = None, l
     if store_path is not None:
         merge_labels(store_path, out)
     return out
+
+
+def _refuse_blind_export(path: Path) -> None:
+    """A labelled ``export --blind`` file (item_id, statement, label, votes: no concept) given to the plain import
+    failed on its missing concept column ("header lacks column(s) concept"), with no word of ``--blind``."""
+    try:
+        rows = _read_labelled(path, required=(), one_of=())
+    except DataError:
+        return  # not readable as rows: the import's own read says why
+    keys = {k for _, row in rows for k in row}
+    if "item_id" in keys and "concept" not in keys:
+        raise DataError(f"{path}: a blind export (item_id, statement, label; no concept column): import it with "
+                        f"`python -m i2d2.annotate import --blind --run-dir <the run it was exported from> "
+                        f"--input {path}`")
 
 
 def _checked_labels(path: Path, rows: Iterable[tuple[int, dict]], label_map: Mapping | None, on_error: str,

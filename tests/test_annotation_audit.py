@@ -320,3 +320,25 @@ def test_a_blind_export_killed_between_its_writes_leaves_no_export_without_its_k
     monkeypatch.undo()
     items = export_blind(run, tmp_path / "b.csv", n_per_iteration=3)  # the rerun: both, the same items
     assert {r["item_id"] for r in read_jsonl(run / "annotations" / "blind_key.jsonl")} == {i["item_id"] for i in items}
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_blind_export_given_to_the_plain_import_names_blind(tmp_path, capsys, suffix):
+    """A labelled `export --blind` file imported without --blind said only 'header lacks column(s) concept'
+    (CSV) or "missing 'statement' or 'concept'" on every line (JSONL)."""
+    from i2d2.annotate import main
+
+    run = _fake_run(tmp_path / "run")
+    export_blind(run, tmp_path / f"b{suffix}", n_per_iteration=3)
+    rows = read_csv(tmp_path / "b.csv") if suffix == ".csv" else read_jsonl(tmp_path / "b.jsonl")
+    done = tmp_path / f"done{suffix}"
+    rows = [{k: v for k, v in dict(r, label="true").items() if k != "_line"} for r in rows]
+    if suffix == ".csv":
+        write_csv(done, rows, ["item_id", "statement", "label", "votes"])
+    else:
+        write_jsonl(done, rows)
+    assert main(["import", "--input", str(done), "--store", str(tmp_path / "store.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"{done}: a blind export" in err and "import --blind --run-dir" in err
+    assert not (tmp_path / "store.jsonl").exists()
+    assert len(import_blind(done, run)) == 5  # what the message says works
