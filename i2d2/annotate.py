@@ -30,24 +30,16 @@ import sys
 from pathlib import Path
 
 from i2d2.annotation import export_blind, export_for_annotation, heldout_accuracy, import_annotations, import_blind
-from i2d2.io import DataError, iter_jsonl, read_jsonl, read_table
+from i2d2.io import DataError, read_jsonl, read_table, stream_jsonl
 
 
 def _read_rows(path: str, fields: tuple[str, ...] = ()):
-    """Rows of a JSONL file, or of a stage table folder (``filtered/kept``, ``filtered/dropped``), streamed; each
-    holds ``fields`` (``--text-key``, ``--concept-key``), else a DataError names the file (and line): the export's
-    own check said only "row 1", of all the inputs together."""
+    """Rows of a JSONL file (``i2d2.io.stream_jsonl``: a field absent, null or empty is missing, named by
+    file:line), or of a stage table folder (``filtered/kept``, ``filtered/dropped``), streamed; each holds
+    ``fields`` (``--text-key``, ``--concept-key``), else a DataError names the file: the export's own check said
+    only "row 1", of all the inputs together."""
     if not Path(path).is_dir():
-        rows = []
-        for lineno, row, problem in iter_jsonl(path):
-            missing = [k for k in fields if k not in (row or {})]
-            if missing and not problem:
-                problem = (f"lacks field(s) {', '.join(missing)} (has {', '.join(sorted(row))}; --text-key / "
-                           "--concept-key name others)")
-            if problem:
-                raise DataError(f"{path}:{lineno}: {problem}")
-            rows.append(row)
-        return rows
+        return list(stream_jsonl(path, fields, hint="--text-key / --concept-key name other fields"))
     table = read_table(path)
     missing = [k for k in fields if k not in table.column_names]
     if missing:

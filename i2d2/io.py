@@ -226,14 +226,15 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str 
 
 
 def stream_jsonl(path: str | os.PathLike, required: Iterable[str] = (), on_error: str = "raise",
-                 errors: list | None = None) -> Iterator[dict]:
-    """The rows of a JSON-lines file one at a time; a broken line or a missing required field raises DataError
-    naming file:line. ``on_error='skip'`` skips bad lines instead and appends their messages to ``errors``."""
+                 errors: list | None = None, hint: str = "") -> Iterator[dict]:
+    """The rows of a JSON-lines file one at a time; a broken line or a missing required field (absent, null or
+    empty) raises DataError naming file:line. ``on_error='skip'`` skips bad lines instead and appends their
+    messages to ``errors``. ``hint``: said after a missing field (the option that names the fields, say)."""
     path = Path(path)
     for lineno, row, problem in iter_jsonl(path):
         if problem is None:
             missing = [k for k in required if k not in row or row[k] in (None, "")]
-            problem = f"missing field(s) {', '.join(missing)}" if missing else None
+            problem = f"missing field(s) {', '.join(missing)}{f' ({hint})' if hint else ''}" if missing else None
         if problem is not None:
             msg = f"{path}:{lineno}: {problem}"
             if on_error == "raise":

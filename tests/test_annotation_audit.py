@@ -282,7 +282,20 @@ def test_export_names_the_input_and_line_that_lacks_a_field(tmp_path, capsys):
     (tmp_path / "gens.jsonl").write_text('{"statement": "Owls hoot.", "concept": "owl"}\n\n{"generation": "x"}\n')
     assert main(["export", "--input", str(tmp_path / "kept.jsonl"), "--input", str(tmp_path / "gens.jsonl"),
                  "--out", str(tmp_path / "s.csv")]) == 2
-    assert f"error: {tmp_path}/gens.jsonl:3: lacks field(s) statement, concept" in capsys.readouterr().err
+    assert (f"error: {tmp_path}/gens.jsonl:3: missing field(s) statement, concept (--text-key / --concept-key name "
+            "other fields)") in capsys.readouterr().err
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize("row", [{"statement": "Owls hoot.", "concept": None}, {"statement": "", "concept": "owl"}])
+def test_export_reads_jsonl_as_every_reader_does_an_empty_field_is_missing(tmp_path, capsys, row):
+    """annotate's own JSONL check took a present key as a value: a null concept was exported as concept 'None'
+    (stream_jsonl, which every other reader uses, calls a null or empty field missing)."""
+    from i2d2.annotate import main
+
+    write_jsonl(tmp_path / "gens.jsonl", [{"statement": "Dogs bark.", "concept": "dog"}, row])
+    assert main(["export", "--input", str(tmp_path / "gens.jsonl"), "--out", str(tmp_path / "s.csv")]) == 2
+    assert f"error: {tmp_path}/gens.jsonl:2: missing field(s) " in capsys.readouterr().err
     assert not (tmp_path / "s.csv").exists()
 
 
