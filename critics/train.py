@@ -375,20 +375,23 @@ def _f(v) -> str:
     return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.3f}"
 
 
-def checked_labels(cfg: dict, seed_annotations: list, run_dir=None) -> tuple[list[Path], tuple]:
+def checked_labels(cfg: dict, seed_annotations: list, run_dir=None, where: str = "critic.seed_annotations",
+                   keys: dict | None = None) -> tuple[list[Path], tuple]:
     """The label files (``run_dir``: with its labels store) and ``labelled_splits`` of them, read as the critic stage
-    will (quietly: it logs them): a broken row or too few rows fails at start-up as a ConfigError naming
-    ``critic.seed_annotations`` and file:line (``critics.train``: before ``--out`` holds this config's start marker,
-    after which the command run again on the corrected file was refused as "other work")."""
+    will (quietly: it logs them): a broken row or too few rows fails at start-up as a ConfigError naming ``where``
+    (the key the files come from) and file:line (``critics.train``: before ``--out`` holds this config's start
+    marker, after which the command run again on the corrected file was refused as "other work"); a message that
+    already names a key of ``where``'s section is left as it is. NeuroComparatives' discriminator passes its own
+    files (``task.filters.discriminator.annotations``) and ``keys`` (as for ``labelled_splits``)."""
     from i2d2.annotation import critic_annotation_paths
     from i2d2.config import ConfigError
 
     try:
         paths = critic_annotation_paths(seed_annotations, run_dir)
-        return paths, labelled_splits(cfg, paths, quiet=True)
+        return paths, labelled_splits(cfg, paths, keys=keys, quiet=True)
     except (ValueError, OSError) as e:
         msg = str(e)
-        raise ConfigError(msg if msg.startswith("critic.") else f"critic.seed_annotations: {msg}") from None
+        raise ConfigError(msg if msg.startswith(f"{where.split('.')[0]}.") else f"{where}: {msg}") from None
 
 
 def _error_message(e: Exception) -> str:

@@ -252,6 +252,25 @@ def test_too_few_discriminator_labels_name_the_min_examples_key_that_set_the_lim
         check_config(_cfg(tmp_path, *base, "task.filters.discriminator.critic.complete_only=true"))
 
 
+def test_one_label_check_serves_the_generics_critic_and_the_comparatives_discriminator(tmp_path):
+    """The discriminator's start-up check was its own copy of critics.train.checked_labels (read, split, prefix the
+    key); the one function names the key the files came from and the key each limit came from."""
+    from critics.train import checked_labels
+    from i2d2.schemas import CriticConfig, fill
+
+    rows = [{"statement": f"Compared to cats, dogs are usually louder {i}.", "concept": f"cat{i} | dog{i}",
+             "label": "True" if i % 2 else "False"} for i in range(4)]
+    (tmp_path / "few.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ccfg = fill(CriticConfig, {"min_examples": 9}, where="critic")
+    disc = "task.filters.discriminator"
+    with pytest.raises(ConfigError, match=rf"^{disc}\.annotations: only 4 usable .*\(need >= {disc}\.critic\."
+                                          r"min_examples = 9\)"):
+        checked_labels(ccfg, [tmp_path / "few.jsonl"], where=f"{disc}.annotations",
+                       keys={"min_examples": f"{disc}.critic.min_examples"})
+    with pytest.raises(ConfigError, match=r"^critic\.seed_annotations: only 4 usable .*\(need >= critic\.min_examples"):
+        checked_labels(ccfg, [tmp_path / "few.jsonl"])
+
+
 def test_entity_class_errors_name_the_classes_or_the_filter_key(tmp_path):
     # every error of the classes check was prefixed data.classes, also a data.entity_filter that left no pair; and
     # classes without a pair were blamed on the filter ('2 entities loaded, 2 left after data.entity_filter')

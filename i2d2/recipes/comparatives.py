@@ -137,13 +137,13 @@ def check_config(cfg) -> None:
         benchmark_items(cfg)  # a labels file it cannot use fails here, naming file:line, not after the iteration
     if disc.enabled:  # the discriminator's labels, read and split as its stage will (after generation and the
         # filters): a missing, broken or too small file fails here, naming file:line
-        from critics.train import labelled_splits
+        from critics.train import checked_labels
 
         try:
-            labelled_splits(ccfg, annotation_paths(cfg), keys=critic_keys(cfg), quiet=True)  # its stage logs them
-        except (ValueError, OSError) as e:
-            msg = str(e)
-            raise ConfigError(msg if msg.startswith("task.") else f"task.filters.discriminator.annotations: {msg}") from None
+            paths = annotation_paths(cfg)
+        except OSError as e:  # its message names the key
+            raise ConfigError(str(e)) from None
+        checked_labels(ccfg, paths, where="task.filters.discriminator.annotations", keys=critic_keys(cfg))
 
 
 def _check_prompt_inputs(cfg) -> None:
