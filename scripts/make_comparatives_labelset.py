@@ -38,18 +38,14 @@ def main(argv=None):
 
     from i2d2.filtering import near_duplicates
     from i2d2.io import read_jsonl, write_json, write_jsonl
+    from labelset_chunks import labelled_items, write_chunks
 
     out = Path(args.out)
     if args.merge:
-        items = read_jsonl(out / "to_label.jsonl")
-        labels = {int(r["id"]): r["label"] for p in sorted((out / "chunks").glob("chunk_*.labels.jsonl"))
-                  for r in read_jsonl(p)}
-        missing = [i for i in range(len(items)) if i not in labels]
-        if missing:
-            raise SystemExit(f"{len(missing)} statements have no label yet (first ids: {missing[:10]})")
+        items = labelled_items(out)
         dest = ROOT / "i2d2" / "data" / "comparatives"
-        write_jsonl(dest / "annotations_gemma.jsonl", [{**r, "label": labels[i], "annotator": "maintainers"}
-                                                       for i, r in enumerate(items)])
+        write_jsonl(dest / "annotations_gemma.jsonl", [{**r, "label": label, "annotator": "maintainers"}
+                                                       for r, label in items])
         write_json(dest / "annotations_gemma.config.json", json.loads((out / "sources.json").read_text()))
         print(f"wrote {len(items)} labelled comparatives to {dest / 'annotations_gemma.jsonl'}")
         return
@@ -64,13 +60,9 @@ def main(argv=None):
     items = [{"statement": r["statement"], "concept": pair[i], "prompt": r.get("prompt"), "class": r.get("class")}
              for i, r in enumerate(rows) if rep[i] == i]
     random.Random(args.seed).shuffle(items)
-    write_jsonl(out / "to_label.jsonl", items)
+    write_chunks(out, items, args.chunks)
     write_json(out / "sources.json", {"script": "scripts/make_comparatives_labelset.py", "runs": sources,
                                       "n_candidates": len(rows), "n_distinct": len(items)})
-    size = -(-len(items) // args.chunks)
-    for c in range(args.chunks):
-        write_jsonl(out / "chunks" / f"chunk_{c}.jsonl", [{"id": i, "statement": items[i]["statement"]}
-                                                          for i in range(c * size, min(len(items), (c + 1) * size))])
     print(f"{len(items)} distinct comparatives from {len(rows)} candidates -> {out}")
 
 

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from i2d2.prompts import PROMPT_FORMS  # noqa: E402
+from labelset_chunks import labelled_items, write_chunks  # noqa: E402  (scripts/: the labelling round)
 
 # bare_singular ("Broom should") only suits mass nouns; the bundled concepts are count nouns
 FORMS = ["bare_plural", "indefinite", "definite", "adverb+bare_plural", "adverb+indefinite"]
@@ -184,11 +185,7 @@ def main(argv=None):
     n_gen = len(items)
     items = [r for i, r in enumerate(items) if rep[len(earlier) + i] == len(earlier) + i]
     rng.shuffle(items)
-    write_jsonl(out / "to_label.jsonl", items)
-    size = -(-len(items) // args.chunks)
-    for c in range(args.chunks):  # the labeller sees only id + statement: no form, score or prompt kind
-        write_jsonl(out / "chunks" / f"chunk_{c}.jsonl",
-                    [{"id": i, "statement": items[i]["statement"]} for i in range(c * size, min(len(items), (c + 1) * size))])
+    write_chunks(out, items, args.chunks)  # the labeller sees only id + statement: no form, score or prompt kind
     logging.info("%d distinct statements from %d generations (%d non-empty) -> %s", len(items), len(gens), n_gen,
                  out / "to_label.jsonl")
 
@@ -202,16 +199,10 @@ def merge(parts: list[Path], append: bool = False) -> None:
 
     rows, configs = [], []
     for out in parts:
-        items = read_jsonl(out / "to_label.jsonl")
-        labels = {int(r["id"]): r["label"] for p in sorted((out / "chunks").glob("chunk_*.labels.jsonl"))
-                  for r in read_jsonl(p)}
-        missing = [i for i in range(len(items)) if i not in labels]
-        if missing:
-            raise SystemExit(f"{out}: {len(missing)} statements have no label yet (first ids: {missing[:10]})")
-        rows += [{"statement": r["statement"], "label": labels[i], "concept": r["concept"], "prompt": r["prompt"],
+        rows += [{"statement": r["statement"], "label": label, "concept": r["concept"], "prompt": r["prompt"],
                   "kind": r["kind"], "related": r["related"], "form": r["form"], "relation": r["relation"],
                   "generation_rank": r["generation_rank"], "annotator": "maintainers", "part": out.name}
-                 for i, r in enumerate(items)]
+                 for r, label in labelled_items(out)]
         configs.append(json.loads((out / "generation_config.json").read_text()))
     dest = ROOT / "i2d2" / "data" / "annotations"
     if append:  # parts labelled later: the bundled rows and part configs stay as they are, first

@@ -457,3 +457,35 @@ def test_comparatives_context_adoption_rule_and_arguments(scripts):
     for bad in (["--ks", "7"], ["--ks", "0"], ["--folds", "1"], ["--seeds", ""]):
         with pytest.raises(SystemExit):
             main(bad)
+
+
+def test_both_label_set_scripts_share_one_labelling_round(tmp_path, scripts):
+    """make_generics_labelset and make_comparatives_labelset each wrote the chunks and read the labels back in
+    their own copy of the same lines (scripts/labelset_chunks.py is the one place now)."""
+    import make_comparatives_labelset
+    import make_generics_labelset
+    from labelset_chunks import labelled_items, write_chunks
+
+    from i2d2.io import read_jsonl, write_jsonl
+
+    assert make_generics_labelset.write_chunks is write_chunks
+    it = tmp_path / "run" / "iter_0"
+    (it / "filtered" / "candidates").mkdir(parents=True)
+    (it / "config.yaml").write_text("task: comparatives\n")
+    rows = [{"statement": f"Compared to cats, dogs are {w}.", "prompt": "Compared to cats, dogs", "entity1": "cat",
+             "entity2": "dog", "class": "animal"} for w in ("bigger", "louder", "friendlier")]
+    write_jsonl(it / "filtered" / "candidates" / "kept.jsonl", rows)
+    make_comparatives_labelset.main(["--runs", str(tmp_path / "run"), "--out", str(tmp_path / "nc"), "--chunks", "2"])
+    with pytest.raises(SystemExit, match=rf"{tmp_path / 'nc'}: \d statements have no label yet"):
+        labelled_items(tmp_path / "nc")  # what --merge reads: the chunks the script wrote, by the one reader
+    items = [{"statement": f"Dogs bark {i}.", "concept": "dog", "form": "plain"} for i in range(5)]
+    write_chunks(tmp_path, items, 2)
+    chunks = [read_jsonl(tmp_path / "chunks" / f"chunk_{c}.jsonl") for c in range(2)]
+    assert [[r["id"] for r in ch] for ch in chunks] == [[0, 1, 2], [3, 4]]
+    assert all(set(r) == {"id", "statement"} for ch in chunks for r in ch)  # no form, score or prompt kind
+    assert read_jsonl(tmp_path / "to_label.jsonl") == items
+    write_jsonl(tmp_path / "chunks" / "chunk_0.labels.jsonl", [{"id": i, "label": "True"} for i in range(3)])
+    with pytest.raises(SystemExit, match=rf"{tmp_path}: 2 statements have no label yet \(first ids: \[3, 4\]\)"):
+        labelled_items(tmp_path)
+    write_jsonl(tmp_path / "chunks" / "chunk_1.labels.jsonl", [{"id": 4, "label": "False"}, {"id": 3, "label": "True"}])
+    assert labelled_items(tmp_path) == [(r, "False" if i == 4 else "True") for i, r in enumerate(items)]
