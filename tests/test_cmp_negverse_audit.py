@@ -240,6 +240,15 @@ def test_negverse_empty_eval_file_is_refused_before_training(tmp_path):
         check_config(_nv_cfg(tmp_path, f"data.eval_sentences={tmp_path / 'missing.txt'}"))
 
 
+@pytest.mark.parametrize("key", ["eval_sentences", "affirmatives", "pairs"])
+def test_negverse_a_data_file_that_is_no_path_is_refused_naming_its_key(tmp_path, key):
+    # data.eval_sentences=3 was 'error: expected str, bytes or os.PathLike object, not int', naming no key
+    from i2d2.recipes.negverse import check_config
+
+    with pytest.raises(ConfigError, match=rf"^data\.{key}: must be a file path, or null for the bundled .*, got 3$"):
+        check_config(_nv_cfg(tmp_path, f"data.{key}=3", "data.use_rules=true"))
+
+
 @pytest.mark.parametrize("override, message", [
     # silently accepted: a negative weight decay pushed the prompt away from zero, warmup_steps=-1 was read as 1
     ("task.train.weight_decay=-1", r"task\.train\.weight_decay: must be >= 0, got -1"),

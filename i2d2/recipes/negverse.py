@@ -73,8 +73,12 @@ def check_config(cfg) -> None:
     # the evaluation reads these sentences only after training: a missing or empty file is refused now, by name
     from i2d2.negverse.data import read_sentences, resolve, seen_in_training
 
-    ev = resolve(cfg.data.eval_sentences, "eval_sentences.txt")
     d = cfg.data
+    for key, bundled in (("eval_sentences", "eval_sentences.txt"), ("affirmatives", "affirmatives.txt"),
+                         ("pairs", "pairs.tsv")):  # data.eval_sentences=3 was 'expected str, bytes or os.PathLike'
+        need(d.get(key) is None or isinstance(d.get(key), str), f"data.{key}",
+             f"must be a file path, or null for the bundled {bundled}, got {d.get(key)!r}")
+    ev = resolve(d.eval_sentences, "eval_sentences.txt")
     affirmatives = resolve(d.affirmatives, "affirmatives.txt") if d.use_rules else None
 
     def sentences_of(path, key):  # a file of the wrong kind (a TSV) named with its key, as other start-up errors are
