@@ -122,6 +122,9 @@ def _check_fingerprint(out_dir: Path, fp: str, may_clean: bool) -> None:
     write_text(marker, fp + "\n")
 
 
+PROGRESS_LINES = 10  # log lines per rank over a generation stage (one each tenth of its prompts)
+
+
 def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding_cfg: dict, tracker=None,
                    shard_size: int = 64, rank: int | None = None, world_size: int | None = None,
                    sample_rows: int = 20, model_key=None) -> dict:
@@ -202,6 +205,13 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
                     "size": shard_path(out_dir, i).stat().st_size, "sha256": file_digest(shard_path(out_dir, i))})
         n_call += len(chunk)
         bar.update(len(chunk))
+        done = n_done + n_call
+        if done * PROGRESS_LINES // n_mine > (done - len(chunk)) * PROGRESS_LINES // n_mine or i == todo[-1]:
+            # the tqdm bar reaches a terminal only: a log file (Hydra's train.log, a batch job's) showed nothing
+            # between "N shards to decode" and the summary, hours at the paper's scale
+            rate = n_call / max(time.time() - t_call, 1e-9)
+            log.info("generation rank %d/%d: %d/%d prompts (%.0f%%), %.2f prompts/s, ~%.0fs left", rank, world,
+                     done, n_mine, 100 * done / n_mine, rate, (n_mine - done) / rate)
     bar.close()
     call_seconds = time.time() - t_call
 

@@ -270,3 +270,28 @@ def test_reused_generations_of_another_decoder_revision_are_named(tmp_path, tiny
         assert not warn_if_older_decoder(tmp_path / "absent")
         caplog.clear()
         assert warn_if_older_decoder(tmp_path, stage_dir=tmp_path.parent) and f"Delete {tmp_path.parent} " in caplog.text
+
+
+def test_generation_progress_reaches_the_log_not_only_the_bar(tmp_path, tiny_gpt2, prompts_file, caplog, monkeypatch):
+    """A log file (Hydra's train.log) showed nothing between "N shards to decode" and the summary: the tqdm bar
+    reaches a terminal only. Progress lines, one each tenth of the prompts at most, counting shards done earlier."""
+    import logging
+    import re
+
+    from i2d2 import generation
+
+    def progress():
+        return [r.getMessage() for r in caplog.records
+                if r.name == "i2d2.generation" and re.search(r"\d+/\d+ prompts \(", r.getMessage())]
+
+    with caplog.at_level(logging.INFO, logger="i2d2.generation"):
+        generation.generate_stage(*tiny_gpt2, prompts_file, tmp_path / "a", DECODING, shard_size=SHARD)
+    lines = progress()
+    # 10 prompts in shards of 3, 3, 3, 1: every shard crosses a tenth
+    assert [re.search(r"(\d+)/10 prompts", m).group(1) for m in lines] == ["3", "6", "9", "10"]
+    assert "(100%)" in lines[-1] and "prompts/s" in lines[-1]
+    caplog.clear()
+    monkeypatch.setattr(generation, "PROGRESS_LINES", 2)  # bounded: one prompt a shard, two lines
+    with caplog.at_level(logging.INFO, logger="i2d2.generation"):
+        generation.generate_stage(*tiny_gpt2, prompts_file, tmp_path / "b", DECODING, shard_size=1)
+    assert [re.search(r"(\d+)/10 prompts", m).group(1) for m in progress()] == ["5", "10"]
