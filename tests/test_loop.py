@@ -170,6 +170,39 @@ def test_blind_import_writes_person_judged_accuracy_into_the_reports(baseline, t
     assert len(before.splitlines()) == len(after.splitlines()) and len(changed) - len(form_rows) == 3, changed
 
 
+def test_heldout_critic_accepted_rate_counts_cut_off_generations_as_the_loop_does(baseline, tmp_path, monkeypatch):
+    """The report's two critic-accepted rates are one measure: the loop's counts a generation cut off before a
+    sentence end (task.filter.require_sentence_end) as not accepted, unscored; the held-out rate scored those too
+    and counted each above δ as accepted."""
+    import shutil
+
+    import critics.scoring
+    from i2d2.filtering import ends_sentence
+    from i2d2.io import DONE, write_jsonl
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(baseline[0], run_dir)
+    cfg = make_cfg(run_dir, "task.filter.require_sentence_end=true")
+    it = run_dir / "iter_0"
+    held = read_jsonl(it / "heldout" / "statements.jsonl")
+    for h in held[::2]:  # the tiny model never ends a sentence: half of its generations now do
+        h.update(generation=h["generation"].rstrip(".") + ".", statement=h["statement"].rstrip(".") + ".")
+    for h in held[1::2]:
+        h.update(generation=h["generation"].rstrip("."), statement=h["statement"].rstrip("."))
+    write_jsonl(it / "heldout" / "statements.jsonl", held)
+    done = {name: json.loads((it / name / DONE).read_text())["summary"]
+            for name in ("generations", "critic", "filtered", "finetune", "prompts", "heldout")}
+    scored = []
+    monkeypatch.setattr(critics.scoring, "score_texts",
+                        lambda model_dir, texts, **kw: scored.extend(texts) or np.ones(len(texts)))  # all above δ
+    r = generics.report_stage(cfg, 0, it, done["generations"], done["critic"], done["filtered"], done["finetune"],
+                              done["prompts"], done["heldout"], "tiny:gpt2", None)
+    finished = [h for h in held if h["generation"] and ends_sentence(h["generation"])]
+    assert 0 < len(finished) < len(held)  # some cut off, some not: the case this checks
+    assert r["heldout_critic_accepted_rate_proxy"] == pytest.approx(len(finished) / len(held))
+    assert sorted(scored) == sorted(h["statement"] for h in finished)  # the cut-off ones are not even scored
+
+
 def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypatch):
     run_dir, _ = baseline
     it = run_dir / "iter_1"

@@ -1002,10 +1002,19 @@ def report_stage(cfg, k: int, it_dir: Path, gen: dict, critic: dict, filt: dict,
                                       float(rcfg.get("mnr_bleu", 0.85)))["self_bleu"]
     if held_rows:  # the critic's opinion of the held-out generations: a proxy, next to what a person judged
         from critics.scoring import score_texts
+        from i2d2.filtering import ends_sentence
 
-        s = score_texts(in_run(critic["model_dir"], cfg.run_dir), [r["statement"] for r in held_rows],
-                        batch_size=int(_get(cfg.critic, "eval_batch_size", 64)), device=_device(cfg))
-        held["critic_accepted_rate_proxy"] = float(np.mean(s > float(filt["delta"])))
+        # counted as the loop's accepted rate is (filter_generations): a generation cut off before a sentence end
+        # (task.filter.require_sentence_end) or empty is never accepted, whatever the critic would score it; the
+        # held-out rate scored the cut-off ones too, so the two "critic-accepted" rates measured different things
+        require_end = bool(_get(cfg.task.filter, "require_sentence_end", True))
+        ok = np.array([bool(r.get("generation")) and (not require_end or ends_sentence(r["generation"]))
+                       for r in held_rows], dtype=bool)
+        s = np.zeros(len(held_rows))
+        if ok.any():
+            s[ok] = score_texts(in_run(critic["model_dir"], cfg.run_dir), [r["statement"] for r, o in zip(held_rows, ok) if o],
+                                batch_size=int(_get(cfg.critic, "eval_batch_size", 64)), device=_device(cfg))
+        held["critic_accepted_rate_proxy"] = float(np.mean(ok & (s > float(filt["delta"]))))
     metrics = {
         "iteration": k, "generator": run_relative(generator, cfg.run_dir),  # paths: relative to run_dir
         "next_model": run_relative(iteration_model_dir(cfg.run_dir, k), cfg.run_dir),
