@@ -314,13 +314,24 @@ def heldout_statements(run_dir: str | Path) -> list[dict]:
     return [{**r, "iteration": k} for k, p in sorted(found) for r in read_jsonl(p)]
 
 
+def _drawn_for(key_rows: Iterable[Mapping]) -> dict[str, set[int]]:
+    """normalised statement -> the iterations whose blind sample drew it, over every row of a blind key."""
+    drawn: dict[str, set[int]] = {}
+    for r in key_rows:
+        drawn.setdefault(normalize_statement(r["statement"]), set()).update(int(k) for k in r.get("iterations") or [])
+    return drawn
+
+
 def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int = 40, seed: int = 0) -> list[dict]:
     """A shuffled sample of every iteration's held-out generations for a person to judge, blind.
 
-    ``n_per_iteration`` statements are drawn at random from each iteration (skipping statements already in the
-    held-out labels store). The export holds only ``item_id, statement, label``: no score, iteration, concept
-    or order that could tell iterations apart; ``item_id`` is a hash. The key that maps items back to their
-    iterations is written next to the store (``annotations/blind_key.jsonl``) for ``import_blind``.
+    ``n_per_iteration`` distinct statements are drawn at random from each iteration, among those not yet labelled
+    for it; a drawn statement that is labelled already (drawn for another iteration) is recorded as drawn for this
+    one too and not exported again. The export holds only ``item_id, statement, label``: no score, iteration,
+    concept or order that could tell iterations apart; ``item_id`` is a hash. The key that maps items back to the
+    iterations that drew them is written next to the store (``annotations/blind_key.jsonl``): an iteration's
+    accuracy counts the statements its own draws picked (``heldout_accuracy``), a random sample of it, not those
+    another iteration's draw happened to share with it.
     """
     import hashlib
 
@@ -332,16 +343,25 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     rows = heldout_statements(run_dir)
     if not rows:
         raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")
+    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
+    old = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)} if key_path.exists() else {}
+    drawn = _drawn_for(old.values())
     rng = np.random.default_rng(seed)
-    by_iter: dict[int, list[dict]] = {}
+    by_iter: dict[int, dict[str, dict]] = {}  # distinct statements of each iteration, in order
     for r in rows:
-        by_iter.setdefault(int(r["iteration"]), []).append(r)
+        by_iter.setdefault(int(r["iteration"]), {}).setdefault(normalize_statement(r["statement"]), r)
     items: dict[str, dict] = {}
+    n_recorded = 0
     for k in sorted(by_iter):
-        cands = [r for r in by_iter[k] if normalize_statement(r["statement"]) not in done]
+        cands = [(key, r) for key, r in by_iter[k].items() if not (key in done and k in drawn.get(key, ()))]
         for i in rng.permutation(len(cands))[:n_per_iteration].tolist():
-            r = cands[i]
-            key = normalize_statement(r["statement"])
+            key, r = cands[i]
+            if key in done:  # labelled already, for another iteration's draw: now drawn for this one too
+                for row in old.values():
+                    if normalize_statement(row["statement"]) == key:
+                        row["iterations"] = sorted(set(row["iterations"]) | {k})
+                n_recorded += 1
+                continue
             item = items.setdefault(key, {"statement": r["statement"], "concept": r.get("concept", ""),
                                           "iterations": []})
             item["iterations"] = sorted(set(item["iterations"]) | {k})
@@ -353,17 +373,18 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     blind = [{"item_id": it["item_id"], "statement": it["statement"], "label": "", "votes": ""} for it in shuffled]
     # the key first: a kill between the two writes left an export whose items no key held (its labels could never
     # be imported, and a second export refuses to write over them); a key holding items never exported is harmless
-    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
-    old = {r["item_id"]: r for r in read_jsonl(key_path, required=KEY_FIELDS)} if key_path.exists() else {}
-    old.update({it["item_id"]: it for it in shuffled})
+    for it in shuffled:
+        prev = old.get(it["item_id"])
+        old[it["item_id"]] = it if prev is None else {**it, "iterations": sorted(set(prev["iterations"]) | set(it["iterations"]))}
     write_jsonl(key_path, old.values())
     if out_path.suffix.lower() == ".csv":
         write_csv(out_path, blind, BLIND_COLUMNS)
     else:  # JSONL by suffix, as export_for_annotation: CSV text in a .jsonl file failed import_blind as broken rows
         write_jsonl(out_path, blind)
     write_text(out_path.with_name(out_path.stem + ".instructions.md"), INSTRUCTIONS)
-    log.info("blind export: %d statements from %d iterations -> %s (key: %s)", len(shuffled), len(by_iter),
-             out_path, key_path)
+    log.info("blind export: %d statements from %d iterations -> %s (key: %s)%s", len(shuffled), len(by_iter),
+             out_path, key_path, f"; {n_recorded} drawn statement(s) labelled already, recorded for their iteration"
+             if n_recorded else "")
     return shuffled
 
 
@@ -402,6 +423,11 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None, by: 
     also carries that field's value."""
     store = heldout_store(run_dir)
     mapping = label_mapping(label_map)
+    # which iterations drew each statement (export_blind's key): an iteration counts the labels of its own draws, a
+    # random sample of it; a statement another iteration drew and this one shares is not (the sample over-weighted
+    # what two iterations share, and n counted it). Labels with no key (put into the store by hand) count everywhere.
+    key_path = Path(run_dir) / "annotations" / "blind_key.jsonl"
+    drawn = _drawn_for(read_jsonl(key_path, required=KEY_FIELDS)) if key_path.exists() else {}
     labels = {}
     if store.exists():
         for r in read_jsonl(store, required=("statement",)):
@@ -414,8 +440,9 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None, by: 
     for r in heldout_statements(run_dir):
         group = (int(r["iteration"]),) + ((str(r.get(by) or "–"),) if by else ())
         counts[group] = counts.get(group, 0) + 1
-        y = labels.get(normalize_statement(r["statement"]))
-        if y is not None:
+        key = normalize_statement(r["statement"])
+        y = labels.get(key)
+        if y is not None and (key not in drawn or group[0] in drawn[key]):
             judged.setdefault(group, []).append(y)
     out = []
     for group in sorted(counts):

@@ -518,3 +518,44 @@ def test_comparatives_label_set_is_labelled_gemma_output_without_votes():
     assert all(r["statement"].startswith("Compared to ") for r in rows) and len({r["concept"] for r in rows}) >= 80
     assert (nc / "GUIDE.md").exists() and (nc / "annotations_gemma.config.json").exists()
     assert not (nc / "annotations_seed.jsonl").exists()  # the invented-votes set is gone
+
+
+def test_an_iterations_blind_accuracy_counts_its_own_draws_not_statements_another_iteration_drew(tmp_path):
+    """A statement two iterations share, drawn for iteration 0's sample, counted in iteration 1's accuracy too:
+    iteration 1's labelled set was its random draw plus what it shares with iteration 0's draw (n=47 and 46 of 40
+    drawn each on the Gemma loop). Each iteration counts the draws made for it; a later round still reaches every
+    statement (a statement labelled for another iteration is recorded as drawn, not exported again)."""
+    import csv
+
+    from i2d2.annotation import export_blind, heldout_accuracy, import_blind
+
+    run = tmp_path / "run"
+    texts = [["Shared fact."], ["Shared fact.", "Dogs bark.", "Cats purr.", "Owls hoot."]]
+    for k, ts in enumerate(texts):
+        d = run / f"iter_{k}" / "heldout"
+        d.mkdir(parents=True)
+        write_jsonl(d / "statements.jsonl", [{"statement": t, "concept": "c", "prompt_id": f"p{i}"} for i, t in enumerate(ts)])
+    truth = {"Shared fact.": "false", "Dogs bark.": "true", "Cats purr.": "true", "Owls hoot.": "true"}
+
+    def label(items, name):
+        with open(tmp_path / name, "w", newline="") as f:
+            w = csv.DictWriter(f, ["item_id", "statement", "label", "votes"])
+            w.writeheader()
+            w.writerows({"item_id": it["item_id"], "statement": it["statement"], "label": truth[it["statement"]],
+                         "votes": ""} for it in items)
+        import_blind(tmp_path / name, run)
+
+    items = export_blind(run, tmp_path / "b1.csv", n_per_iteration=1, seed=0)
+    drawn_1 = [it["statement"] for it in items if 1 in it["iterations"]]
+    assert drawn_1 and drawn_1 != ["Shared fact."]  # this seed's draw for iteration 1: the case checked
+    label(items, "done1.csv")
+    acc = {r["iteration"]: r for r in heldout_accuracy(run)}
+    assert (acc[0]["n_labelled"], acc[0]["accuracy"]) == (1, 0.0)
+    assert (acc[1]["n_labelled"], acc[1]["accuracy"]) == (1, 1.0)  # was 2, 0.5: "Shared fact." counted too
+    # a second round labels the rest of iteration 1; "Shared fact." needs no second label, only the record
+    items = export_blind(run, tmp_path / "b2.csv", n_per_iteration=10, seed=0)
+    assert sorted(it["statement"] for it in items) == sorted(set(truth) - {"Shared fact."} - set(drawn_1))
+    label(items, "done2.csv")
+    acc = {r["iteration"]: r for r in heldout_accuracy(run)}
+    assert (acc[1]["n_labelled"], acc[1]["accuracy"]) == (4, 0.75) and acc[0]["n_labelled"] == 1
+    assert export_blind(run, tmp_path / "b3.csv", n_per_iteration=10) == []  # every statement judged for each
