@@ -57,6 +57,9 @@ def test_markdown_report_lists_iterations_and_samples():
     assert "reused from iteration 0" in md and "| 0.250 |" in md and "Dogs \\| bark." in md
     assert "## All iterations" in md and "![PR curves](report/pr_curves.png)" in md
     assert "Warning" not in md
+    # the table of all iterations shows how many were kept beside the fraction; the loss is the last epoch's mean
+    assert "| 1 | 20 | 0.500 | 0.900 | 0.500 | 0.250 | – | 4 (0.200) |" in md.split("## All iterations")[1]
+    assert "mean loss of the last epoch" in md and "final loss" not in md
     # undefined numbers print as "–"; a wording-sensitive critic is flagged at the top; person-judged accuracy shows
     m2 = dict(m, critic_precision=None, critic_probe_shift=0.25, heldout_accuracy=0.6, heldout_ci95_low=0.52,
               heldout_ci95_high=0.68,
@@ -130,3 +133,34 @@ def test_sample_tables_count_distinct_rows_and_do_not_repeat_a_short_rejected_li
     t = pick_samples(kept, dropped, n=10)
     near, worst = t["Rejected by the critic, closest to δ (14 distinct)"], t["Rejected by the critic, lowest score"]
     assert near[0]["critic_score"] == 0.3 and worst[0]["critic_score"] == 0.0 and len(near) == len(worst) == 10
+
+
+def test_the_trackers_table_of_iterations_has_the_markdown_tables_columns(tmp_path):
+    """report/iterations (W&B) had the labels store's human_accuracy where report.md shows the blind held-out
+    accuracy, and no held-out Self-BLEU: the two tables of all iterations disagreed."""
+    from i2d2.recipes.generics_report import write_report
+
+    class Tables:
+        def __init__(self):
+            self.tables = {}
+
+        def log_metrics(self, metrics, step=None):
+            pass
+
+        def log_table(self, key, columns, rows):
+            self.tables[key] = (columns, rows)
+
+        def log_image(self, key, path):
+            pass
+
+    m = dict(iteration=0, generator="g", next_model="iter_0/model", n_prompts=4, n_generations=20,
+             constraint_satisfaction_rate=0.5, critic_model="c", critic_ap=0.9, delta=0.5, accepted_rate=0.25,
+             kept_fraction=0.2, n_kept=4, heldout_accuracy=0.6, heldout_self_bleu=0.8, human_accuracy=None)
+    kept = [{"statement": "Dogs bark.", "critic_score": 0.9, "concept": "dog", "form": "bare_plural", "prompt_id": "p0"}]
+    tracker = Tables()
+    write_report(tmp_path / "iter_0", tmp_path, m, kept, [], {"source": "s", "y": [1, 0], "scores": [0.9, 0.1]},
+                 tracker=tracker)
+    cols, rows = tracker.tables["report/iterations"]
+    row = dict(zip(cols, rows[0]))
+    assert "human_accuracy" not in cols
+    assert (row["heldout_accuracy"], row["heldout_self_bleu"], row["n_kept"], row["kept_fraction"]) == (0.6, 0.8, 4, 0.2)

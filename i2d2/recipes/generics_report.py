@@ -192,6 +192,10 @@ def history(run_dir: Path, upto: int) -> list[dict]:
     return out
 
 
+# the columns of the table of all iterations (report.md and the tracker's report/iterations)
+HISTORY_COLUMNS = ("iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta", "accepted_rate",
+                   "heldout_accuracy", "kept_fraction", "self_bleu_kept", "heldout_self_bleu", "unique_estimate")
+
 # where the filter's δ came from (metrics' delta_source) -> its row in the report
 _DELTA_LABEL = {"dev": "δ — chosen on the dev split", "critic.delta": "δ — set by critic.delta (not chosen on data)",
                 "task.filter.delta": "δ — set by task.filter.delta (not chosen on data)"}
@@ -243,19 +247,21 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
                                                                    m.get("self_bleu_all")),
         ("unique kept generics, MnR Chapman estimate", m.get("unique_estimate")),
         ("… per concept (mean)", m.get("unique_per_concept")),
-        ("fine-tuning: examples / steps / final loss", f"{m.get('finetune_n_train')} / {m.get('finetune_steps')} / "
-                                                     f"{_fmt(m.get('finetune_loss'))}"),
+        # the fit's train_loss is its last epoch's mean (trainers.lm_finetune), not its final step's loss
+        ("fine-tuning: examples / steps / mean loss of the last epoch",
+         f"{m.get('finetune_n_train')} / {m.get('finetune_steps')} / {_fmt(m.get('finetune_loss'))}"),
     ]
     lines += [f"| {a} | {_fmt(b)} |" for a, b in rows]
     if len(hist) > 1:
         lines += ["", "## All iterations", "",
                   "| iteration | generations | constraint sat. | critic AP (test) | δ | accepted rate (critic proxy) "
-                  "| person-judged accuracy, held-out (blind) | kept | Self-BLEU kept | Self-BLEU held-out | unique (MnR) |",
+                  "| person-judged accuracy, held-out (blind) | kept (fraction) | Self-BLEU kept | Self-BLEU held-out "
+                  "| unique (MnR) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for h in hist:
-            lines.append("| " + " | ".join(_fmt(h.get(c)) for c in (
-                "iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta", "accepted_rate",
-                "heldout_accuracy", "kept_fraction", "self_bleu_kept", "heldout_self_bleu", "unique_estimate")) + " |")
+        for h in hist:  # kept: the count beside its fraction (a bare "kept" column of fractions read as counts)
+            cells = [_fmt(h.get(c)) for c in HISTORY_COLUMNS]
+            cells[HISTORY_COLUMNS.index("kept_fraction")] = f"{_fmt(h.get('n_kept'))} ({_fmt(h.get('kept_fraction'))})"
+            lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Person-judged accuracy comes from `python -m i2d2.annotate export --blind` / `import --blind` "
                   "(held-out concepts, no scores or iterations shown); `annotate accuracy` recomputes it after labelling."]
     forms = dict(m.get("by_form") or {})
@@ -354,9 +360,8 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
         tracker.log_table("report/samples", cols, [[t, r["critic_score"], r.get("all_satisfied"), r.get("prompt"),
                                                     r.get("generation"), r.get("concept")]
                                                    for t, rs in samples.items() for r in rs])
-        if hist:
-            hcols = ["iteration", "n_generations", "constraint_satisfaction_rate", "critic_ap", "delta",
-                     "accepted_rate", "human_accuracy", "kept_fraction", "self_bleu_kept", "unique_estimate"]
+        if hist:  # the markdown table's columns (it had the labels store's human_accuracy, not the blind held-out one)
+            hcols = [*HISTORY_COLUMNS[:7], "n_kept", *HISTORY_COLUMNS[7:]]
             tracker.log_table("report/iterations", hcols, [[h.get(c) for c in hcols] for h in hist])
         fcols = ["form", "prompts", "generations", "satisfied_rate", "accepted_rate", "kept"]
         tracker.log_table("report/prompt_forms", fcols, [[f, *(v[c] for c in fcols[1:])]
