@@ -170,7 +170,7 @@ def test_blind_import_writes_person_judged_accuracy_into_the_reports(baseline, t
     assert len(before.splitlines()) == len(after.splitlines()) and len(changed) - len(form_rows) == 3, changed
 
 
-def test_heldout_critic_accepted_rate_counts_cut_off_generations_as_the_loop_does(baseline, tmp_path, monkeypatch):
+def test_heldout_critic_accepted_rate_counts_cut_off_generations_as_the_loop_does_and_self_bleu_compares_equal_sizes(baseline, tmp_path, monkeypatch):
     """The report's two critic-accepted rates are one measure: the loop's counts a generation cut off before a
     sentence end (task.filter.require_sentence_end) as not accepted, unscored; the held-out rate scored those too
     and counted each above δ as accepted."""
@@ -201,6 +201,12 @@ def test_heldout_critic_accepted_rate_counts_cut_off_generations_as_the_loop_doe
     assert 0 < len(finished) < len(held)  # some cut off, some not: the case this checks
     assert r["heldout_critic_accepted_rate_proxy"] == pytest.approx(len(finished) / len(held))
     assert sorted(scored) == sorted(h["statement"] for h in finished)  # the cut-off ones are not even scored
+    # Self-BLEU grows with the texts compared: all generations' is measured on a sample the kept sample's size
+    n_kept, n_all = r["n_kept"], r["n_generations"]
+    assert 2 <= n_kept < n_all <= int(cfg.task.report.self_bleu_sample)  # the case checked: fewer kept than made
+    assert r["self_bleu_kept_n"] == r["self_bleu_all_n"] == n_kept
+    md = (it / "report.md").read_text()
+    assert f"Self-BLEU of all generations (a sample of {n_kept}, the kept sample's size)" in md
 
 
 def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypatch):
