@@ -78,6 +78,27 @@ def _stratified_pick(scores: np.ndarray, k: int, rng: np.random.Generator) -> np
     return np.array([rng.choice(b) for b in np.array_split(order, k)])
 
 
+def _not_imported(rows: Iterable[Mapping], stored: Iterable[str]) -> list[Mapping]:
+    """The rows of an export that carry a label or votes whose statement is not among ``stored``."""
+    stored = {normalize_statement(s) for s in stored}
+    return [r for r in rows if (str(r.get("label") or "").strip() or str(r.get("votes") or "").strip())
+            and normalize_statement(r["statement"]) not in stored]
+
+
+def labels_not_imported(path: str | Path, store_path: str | Path) -> int:
+    """How many labels an export file (``filtered/to_label.csv``, labelled where it lies) holds that the labels store
+    ``store_path`` does not; 0 for a file that is no export."""
+    path = Path(path)
+    try:
+        rows = (read_csv(path, required=("item_id", "statement", "label")) if path.suffix.lower() == ".csv"
+                else read_jsonl(path, required=("item_id", "statement")))
+    except (DataError, OSError):
+        return 0
+    stored = ([r["statement"] for r in read_jsonl(store_path, required=("statement",))]
+              if Path(store_path).exists() else [])
+    return len(_not_imported(rows, stored))
+
+
 def check_export_target(out_path: str | Path, stored: Iterable[str] = ()) -> None:
     """An export writes ``out_path`` only where that loses nothing: a file that does not exist or is empty, an
     earlier export nobody has labelled yet, or one whose labelled statements are all in the labels store already
@@ -95,9 +116,7 @@ def check_export_target(out_path: str | Path, stored: Iterable[str] = ()) -> Non
     except (DataError, OSError):
         raise DataError(f"--out {out_path} exists and is not an export of statements to label: an export would "
                         "replace it; choose another file") from None
-    stored = {normalize_statement(s) for s in stored}
-    labelled = [r for r in rows if str(r.get("label") or "").strip() or str(r.get("votes") or "").strip()]
-    not_imported = [r for r in labelled if normalize_statement(r["statement"]) not in stored]
+    not_imported = _not_imported(rows, stored)
     if not_imported:
         raise DataError(f"--out {out_path} holds {len(not_imported)} label(s) not in the labels store: an export "
                         "would write over them; import it first (`python -m i2d2.annotate import`), or choose "

@@ -209,6 +209,38 @@ def test_heldout_critic_accepted_rate_counts_cut_off_generations_as_the_loop_doe
     assert f"Self-BLEU of all generations (a sample of {n_kept}, the kept sample's size)" in md
 
 
+def test_labels_typed_into_to_label_csv_are_not_removed_with_the_filter_stage(baseline, tmp_path):
+    """filtered/to_label.csv asks to be labelled where it lies; a labelled file no longer matched the stage's record
+    of its outputs, so the next run removed the stage folder, labels and all ("changed since the stage finished")."""
+    import csv
+    import shutil
+
+    from i2d2.annotate import main as annotate
+    from i2d2.io import DONE, DataError
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(baseline[0], run_dir)
+    cfg = make_cfg(run_dir)
+    it = run_dir / "iter_0"
+    path = it / "filtered" / "to_label.csv"
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows
+    rows[0]["label"] = "true"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    critic = json.loads((it / "critic" / DONE).read_text())["summary"]
+    with pytest.raises(DataError, match=r"to_label\.csv holds 1 label\(s\) not in the labels store.*i2d2\.annotate import"):
+        generics.filter_stage(cfg, 0, it, critic, None, generics.Ranks())
+    assert path.read_text().count(",true,") == 1  # the label is still there
+    store = run_dir / "annotations" / "labels.jsonl"
+    assert annotate(["import", "--input", str(path), "--store", str(store)]) == 0
+    generics.filter_stage(cfg, 0, it, critic, None, generics.Ranks())  # imported: the stage may be redone
+    assert rows[0]["statement"] not in path.read_text()  # exported again without what the store holds
+
+
 def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypatch):
     run_dir, _ = baseline
     it = run_dir / "iter_1"

@@ -831,6 +831,18 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     # num_proc changes the speed, not the result
     critic_dir = in_run(critic["model_dir"], cfg.run_dir)
     fp = fingerprint("filter", gens / "table", critic_dir, delta, {a: b for a, b in fcfg.items() if a != "num_proc"}, acfg)
+    # to_label.csv is labelled where it lies (its name asks for it): the stage folder is removed when the stage is
+    # redone (inputs changed) or an output of it changed, and the labels themselves change the file, so a rerun
+    # deleted them with a one-line warning. Every rank reads the file: none waits for a rank 0 that stopped here.
+    from i2d2.annotation import labels_not_imported
+
+    n_labels = labels_not_imported(out / "to_label.csv", labels_store(cfg.run_dir))
+    if n_labels:
+        raise DataError(
+            f"{out / 'to_label.csv'} holds {n_labels} label(s) not in the labels store {labels_store(cfg.run_dir)}; "
+            "running the filter stage again would remove them with its folder. Import them first (python -m "
+            f"i2d2.annotate import --input {out / 'to_label.csv'} --store {labels_store(cfg.run_dir)}) or move the "
+            "file out of the run, then run again")
 
     def fn(d: Path) -> dict:
         scores, pos = read_shares(it_dir / "critic_scores"), [0]  # scored by every rank (scores_stage), in filter order
