@@ -118,6 +118,12 @@ def test_report_breaks_generations_and_person_judged_heldout_accuracy_down_by_pr
     assert "## Prompt forms" in md
     assert "| adverb+indefinite | 1 | 2 | 0.500 | 0.500 | 1 | 0.500 (" in md and "n=2) |" in md
     assert "| adverb+bare_plural | 1 | 1 | 1.000 | 1.000 | 0 | – |" in md
+    # re-rendered from metrics.json (sorted keys, as annotate import --blind does): the same order, most generations first
+    md2 = render_markdown(json.loads(json.dumps(m, sort_keys=True)), {}, [m], None)
+    order = [line.split(" | ")[0] for line in md2.split("## Prompt forms")[1].splitlines() if line.startswith("| adverb")
+             or line.startswith("| goal")]
+    assert order == ["| adverb+indefinite", "| adverb+bare_plural", "| goal"]
+    assert md2.split("## Prompt forms")[1] == md.split("## Prompt forms")[1]
 
 
 def test_sample_tables_count_distinct_rows_and_do_not_repeat_a_short_rejected_list():

@@ -265,7 +265,9 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Person-judged accuracy comes from `python -m i2d2.annotate export --blind` / `import --blind` "
                   "(held-out concepts, no scores or iterations shown); `annotate accuracy` recomputes it after labelling."]
-    forms = dict(m.get("by_form") or {})
+    # most generations first, as by_prompt_form orders them: metrics.json stores them with sorted keys, so a report
+    # re-rendered from it (annotate import --blind) listed them alphabetically
+    forms = dict(sorted((m.get("by_form") or {}).items(), key=lambda kv: -(kv[1].get("generations") or 0)))
     held = {r["form"]: r for r in m.get("heldout_by_form") or []}
     if forms or held:
         lines += ["", "## Prompt forms", "",
