@@ -209,10 +209,12 @@ def test_heldout_critic_accepted_rate_counts_cut_off_generations_as_the_loop_doe
     assert f"Self-BLEU of all generations (a sample of {n_kept}, the kept sample's size)" in md
 
 
-def test_labels_typed_into_to_label_csv_are_not_removed_with_the_filter_stage(baseline, tmp_path):
+def test_labels_typed_into_to_label_csv_are_not_removed_with_the_filter_stage(baseline, tmp_path, caplog):
     """filtered/to_label.csv asks to be labelled where it lies; a labelled file no longer matched the stage's record
     of its outputs, so the next run removed the stage folder, labels and all ("changed since the stage finished")."""
     import csv
+    import logging
+    import re
     import shutil
 
     from i2d2.annotate import main as annotate
@@ -237,7 +239,13 @@ def test_labels_typed_into_to_label_csv_are_not_removed_with_the_filter_stage(ba
     assert path.read_text().count(",true,") == 1  # the label is still there
     store = run_dir / "annotations" / "labels.jsonl"
     assert annotate(["import", "--input", str(path), "--store", str(store)]) == 0
-    generics.filter_stage(cfg, 0, it, critic, None, generics.Ranks())  # imported: the stage may be redone
+    with caplog.at_level(logging.INFO, logger="i2d2.recipes.generics"):
+        summary = generics.filter_stage(cfg, 0, it, critic, None, generics.Ranks())  # imported: the stage may be redone
+    # its result reaches the log file: counts that add up to the generations
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("filter: "))
+    assert line.startswith(f"filter: {summary['n_in']} generations -> {summary['n_kept']} kept")
+    dropped = [int(n) for n in re.findall(r"(\d+) [a-z_]+(?:,|$)", line.split("dropped: ")[1])]
+    assert len(dropped) == len(generics.DROP_REASONS) and sum(dropped) == summary["n_in"] - summary["n_kept"]
     assert rows[0]["statement"] not in path.read_text()  # exported again without what the store holds
 
 

@@ -854,6 +854,13 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
         summary, kept, dropped = filter_generations(gens, d, precomputed, delta, fcfg, tracker=tracker,
                                                     num_proc=fcfg.get("num_proc"))
         summary["delta_source"] = "task.filter.delta" if fcfg.get("delta") is not None else "critic"
+        # the stage's result in the log file too (it said nothing until the iteration's last line)
+        from collections import Counter
+
+        reasons = Counter(dropped["drop_reason"]) if len(dropped) else Counter()
+        log.info("filter: %d generations -> %d kept (%.3f) at δ=%.3f; critic-accepted rate %.3f; dropped: %s",
+                 summary["n_in"], summary["n_kept"], summary["keep_rate"], delta, summary["accepted_rate"],
+                 ", ".join(f"{reasons.get(r, 0)} {r}" for r in DROP_REASONS))
         k_per = int(acfg.get("k_per_concept", 4))
         if k_per > 0:
             import datasets
