@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from i2d2.progress import progress as progress_log
 
 from i2d2.lightning_setup import resolve_device
 
@@ -59,8 +59,8 @@ def lm_features(model, tok, texts: Sequence[str], layer: int, batch_size: int = 
     # costs more than its body, and [batch, tokens, 262k] floats are gigabytes)
     head_kw = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     try:
-        for start in tqdm(range(0, len(texts), batch_size), desc="critic features", disable=not progress,
-                          total=(len(texts) + batch_size - 1) // batch_size):
+        for start in progress_log(range(0, len(texts), batch_size), desc="critic features", disable=not progress, logger=log,
+                                  total=(len(texts) + batch_size - 1) // batch_size):
             idx = order[start:start + batch_size]
             enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True, truncation=True,
                       max_length=max_length).to(device)
@@ -193,8 +193,8 @@ def context_features(model, tok, prefix: Sequence[int], texts: Sequence[str], la
         o = base(input_ids=torch.tensor([list(prefix)], device=device), use_cache=True)
         prefix_cache = output_cache(o)
         order = np.argsort([len(ids) for ids, _ in items], kind="stable")
-        for start in tqdm(range(0, len(texts), batch_size), desc="critic features (in context)",
-                          disable=not progress, total=(len(texts) + batch_size - 1) // batch_size):
+        for start in progress_log(range(0, len(texts), batch_size), desc="critic features (in context)", logger=log,
+                                  disable=not progress, total=(len(texts) + batch_size - 1) // batch_size):
             idx = order[start:start + batch_size]
             lens = torch.tensor([len(items[i][0]) for i in idx], device=device)
             n_stmt = torch.tensor([items[i][1] for i in idx], device=device)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from critics.critic import VALID
+from i2d2.progress import progress as progress_log
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=2)
@@ -83,8 +86,8 @@ def score_model(model, tokenizer, texts: Sequence[str], batch_size: int = 64, ma
     tokenizer.padding_side = "right"
     try:
         order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths per batch
-        for start in tqdm(range(0, len(texts), batch_size), desc="critic", disable=not progress,
-                          total=(len(texts) + batch_size - 1) // batch_size):
+        for start in progress_log(range(0, len(texts), batch_size), desc="critic", disable=not progress, logger=log,
+                                  total=(len(texts) + batch_size - 1) // batch_size):
             idx = order[start:start + batch_size]
             enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
                             return_tensors="pt")

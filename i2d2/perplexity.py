@@ -3,14 +3,16 @@ critic's perplexity baseline."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-
+from i2d2.progress import progress as progress_log
 from i2d2.schemas import PERPLEXITY_UNITS as UNITS  # what a perplexity is normalised by (per=)
+
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -28,7 +30,7 @@ def sequence_nll(model, tokenizer, texts: list[str], batch_size: int = 16, prefi
     tokenizer.padding_side = "right"
     try:
         order = np.argsort([-len(t) for t in texts])  # similar lengths per batch: less padding
-        for start in tqdm(range(0, len(texts), batch_size), desc=desc, disable=not progress):
+        for start in progress_log(range(0, len(texts), batch_size), desc=desc, disable=not progress, logger=log):
             idx = order[start:start + batch_size]
             batch = [texts[i] for i in idx]
             enc = tokenizer(batch, return_tensors="pt", padding=True)
