@@ -20,7 +20,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from tqdm.auto import tqdm
+from i2d2.progress import LoggedBar
 
 from i2d2.config import plain
 from i2d2.io import DataError, atomic_dir, atomic_path, file_digest, fingerprint, read_jsonl, read_table, write_arrow, write_json, \
@@ -188,8 +188,10 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
                 raise DataError(f"{where}: bad constraints: {e!r}") from None
             sets[p["prompt_id"]] = cs
     decoder = NeuroLogicDecoder(model, tokenizer, config) if todo else None
-    bar = tqdm(total=n_mine, initial=n_done, unit="prompt", desc=f"generate [rank {rank}/{world}]",
-               position=rank if world > 1 else None, dynamic_ncols=True)
+    # progress lines reach the log file too (a terminal's bar does not): hours at the paper's scale
+    bar = LoggedBar(total=n_mine, initial=n_done, unit="prompt", desc=f"generate [rank {rank}/{world}]",
+                    position=rank if world > 1 else None, dynamic_ncols=True, logger=log, lines=PROGRESS_LINES,
+                    min_seconds=0.0)
     t_call, n_call = time.time(), 0
     for i in todo:
         chunk = prompts[i * shard_size:(i + 1) * shard_size]
@@ -205,13 +207,6 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
                     "size": shard_path(out_dir, i).stat().st_size, "sha256": file_digest(shard_path(out_dir, i))})
         n_call += len(chunk)
         bar.update(len(chunk))
-        done = n_done + n_call
-        if done * PROGRESS_LINES // n_mine > (done - len(chunk)) * PROGRESS_LINES // n_mine or i == todo[-1]:
-            # the tqdm bar reaches a terminal only: a log file (Hydra's train.log, a batch job's) showed nothing
-            # between "N shards to decode" and the summary, hours at the paper's scale
-            rate = n_call / max(time.time() - t_call, 1e-9)
-            log.info("generation rank %d/%d: %d/%d prompts (%.0f%%), %.2f prompts/s, ~%.0fs left", rank, world,
-                     done, n_mine, 100 * done / n_mine, rate, (n_mine - done) / rate)
     bar.close()
     call_seconds = time.time() - t_call
 

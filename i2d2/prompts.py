@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+from i2d2.progress import LoggedBar
 
 from i2d2.concepts import Concept, load_concepts, load_phrases, resolve_path, validate_concept
 from i2d2.io import DataError, atomic_path, fingerprint, write_json, write_text
@@ -292,7 +292,7 @@ def score_texts(model, tokenizer, texts: list[str], work_dir: Path, batch_size: 
     write_text(meta, fp)
     out = np.empty(len(texts))
     starts = range(0, len(texts), chunk)
-    bar = tqdm(total=len(texts), desc="prompt perplexity", unit="prompt", disable=not progress)
+    bar = LoggedBar(total=len(texts), desc="prompt perplexity", unit="prompt", disable=not progress, logger=log)
     for i, start in enumerate(starts):
         part = work_dir / f"chunk-{i:05d}.npy"
         if part.exists():

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from i2d2.cmp.data import Quintuple
 from i2d2.cmp.textualize import qa_pairs
+from i2d2.progress import progress as progress_log
+
+log = logging.getLogger(__name__)
 
 TASKS = ("qa", "qag", "sum", "ti")
 TASK_NAMES = {
@@ -277,14 +281,12 @@ def generate(model, tokenizer, sources: list[str], batch_size: int = 16, max_new
              max_source_length: int = 512, num_beams: int = 1, progress: bool = False) -> list[str]:
     """Decode ``sources`` (longest first, for tight padding) and return texts in input order."""
     import torch
-    from tqdm.auto import tqdm
-
     model.eval()
     order = np.argsort([-len(s) for s in sources], kind="stable")
     out: list[str] = [""] * len(sources)
     coll = Collator(tokenizer, eos_id(model, tokenizer), max_source_length)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    for idx in tqdm(batches, desc="generate", disable=not progress):
+    for idx in progress_log(batches, desc="generate", disable=not progress, logger=log):
         enc = coll([sources[i] for i in idx])
         enc = {k: v.to(model.device) for k, v in enc.items()}
         with torch.no_grad():

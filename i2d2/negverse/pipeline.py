@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
-
-from tqdm import tqdm
 
 from i2d2.negverse.filters import apply_filters
 from i2d2.negverse.formatting import build_prompt, parse_answers
 from i2d2.negverse.masking import RULES, fill_blanks, mask_variants
+from i2d2.progress import progress as progress_log
 from i2d2.schemas import NegationOptions, defaults, fill
 
 # Every option and its default: i2d2.schemas.NegationOptions (the recipe's generate / masking / filters sections);
 # an adapter trained by the recipe carries its own values (negverse.json 'task'), which ``saved_options`` reads.
 KNOWN_OPTIONS = frozenset(defaults(NegationOptions))
+log = logging.getLogger(__name__)
 
 
 def saved_options(adapter_dir: str | Path) -> dict:
@@ -46,8 +47,8 @@ def candidates(lm, nlp, sentences: list[str], num_candidates: int = 4, batch_siz
     order = sorted(range(len(jobs)), key=lambda i: len(jobs[i]["prompt"]))
     torch.manual_seed(seed)
     rows: list[dict | None] = [None] * len(jobs)
-    bar = tqdm(range(0, len(order), batch_size), desc="negate", disable=not progress, leave=False)
-    for start in bar:
+    for start in progress_log(range(0, len(order), batch_size), desc="negate", disable=not progress, leave=False,
+                              logger=log):
         idx = order[start:start + batch_size]
         outs = lm.generate([jobs[i]["prompt"] for i in idx], n_blanks=[jobs[i]["n_blanks"] for i in idx],
                            num_return_sequences=num_candidates, max_new_tokens=max_new_tokens,
