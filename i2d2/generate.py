@@ -278,11 +278,18 @@ def main():
 def hydra_main(cfg: DictConfig):
     """Checks first (config keys, model names, the values: ``check_config``; then the lock on ``generate.out_dir``,
     the one folder this command writes; run_dir is only read, and every file in it is written atomically), then
-    the pipeline."""
-    from i2d2.io import DataError, RunLock
-    from i2d2.train import check_start, discard_launch_folders, mark_composed
+    the pipeline. SIGTERM stops it as Ctrl-C does (exit 143, one line), with the lock released."""
+    from i2d2.train import mark_composed, sigterm_raises
 
     mark_composed()
+    with sigterm_raises():
+        _checked_generate(cfg)
+
+
+def _checked_generate(cfg: DictConfig):
+    from i2d2.io import DataError, RunLock
+    from i2d2.train import Terminated, check_start, discard_launch_folders
+
     try:
         check_start(cfg)
         if cfg.generate.get("model"):
@@ -302,11 +309,12 @@ def hydra_main(cfg: DictConfig):
     except (GenerateError, DataError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # one line and 128 + SIGINT, as i2d2.train
+    except (KeyboardInterrupt, Terminated) as e:  # one line and 128 + SIGINT / SIGTERM, as i2d2.train
         kept = (f"; generation shards finished so far are in {cfg.generate.out_dir}: rerun the same command to "
                 "resume" if cfg.generate.get("out_dir") else "")
-        print(f"interrupted: i2d2.generate{kept}", file=sys.stderr)
-        sys.exit(130)
+        sigterm = isinstance(e, Terminated)
+        print(f"{'terminated (SIGTERM)' if sigterm else 'interrupted'}: i2d2.generate{kept}", file=sys.stderr)
+        sys.exit(143 if sigterm else 130)
     finally:
         if lock is not None:
             lock.release()

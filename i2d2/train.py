@@ -7,13 +7,15 @@ Start-up order: what fails on a bad config (unknown keys, unknown model names) f
 before torch/Lightning are imported; then the run_dir lock (a second launch on the same run_dir fails at once
 naming the process that holds it); then the recipe's value checks (``check_config``); only then the run.
 Each of these exits with code 2 and a one-line ``error:`` message. Ctrl-C exits with code 130 and a one-line
-``interrupted:`` message: every stage writes atomically and resumes from its last finished unit.
+``interrupted:`` message, SIGTERM (``kill``, a cluster's pre-emption or time limit) with 143 and a ``terminated:``
+one: every stage writes atomically and resumes from its last finished unit.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -107,6 +109,38 @@ def interrupted(e: BaseException) -> bool:
         isinstance(e, SystemExit) and isinstance(e.__context__, KeyboardInterrupt))
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the process is (as Ctrl-C raises KeyboardInterrupt); a BaseException, so that no
+    ``except Exception`` of a stage takes it for a failure of its own."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises ``Terminated`` in the main thread while the block runs (the previous handler is restored after).
+    Python's default ends the process at once, with no message and no tidying up; inside a Lightning fit the signal
+    only set a flag, and the fit then stopped by raising its SIGTERMException, a SystemExit with no code: the run
+    exited 0, like a finished one, halfway through. Lightning keeps this handler (it calls it after its own)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def terminated(e: BaseException) -> bool:
+    """SIGTERM: ``Terminated``, or Lightning's SIGTERMException (a fit that saw the signal before our handler did,
+    e.g. in a rank launched without it)."""
+    return isinstance(e, Terminated) or type(e).__name__ == "SIGTERMException" and isinstance(e, SystemExit)
+
+
 def main():
     """The command: Hydra composes the config and calls ``hydra_main``."""
     start_up_exit_code(hydra_main)
@@ -138,8 +172,14 @@ def mark_composed() -> None:
 def hydra_main(cfg: DictConfig):
     mark_composed()
     try:
-        return checked_run(cfg)
-    except (KeyboardInterrupt, SystemExit) as e:
+        with sigterm_raises():
+            return checked_run(cfg)
+    except (KeyboardInterrupt, SystemExit, Terminated) as e:
+        if terminated(e):
+            if launched_rank() == 0:
+                print(f"terminated (SIGTERM): the {cfg.task.name} run in {cfg.run_dir}; rerun the same command to "
+                      "resume", file=sys.stderr)
+            sys.exit(143)  # 128 + SIGTERM: a scheduler or script must not take it for a finished run (exit 0)
         if not interrupted(e):
             raise
         if launched_rank() == 0:  # one line, not one per rank (every rank of a launched run gets the SIGINT)

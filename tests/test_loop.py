@@ -402,12 +402,23 @@ def test_generate_command_prints_scored_generics(baseline, capsys):
         generate(make_cfg(run_dir, "generate.concepts=['a\tb']", name="generate"))
 
 
-def test_generate_command_ctrl_c_exits_130_naming_what_is_kept_and_releases_its_lock(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sig,code,said", [(None, 130, "interrupted"), ("TERM", 143, "terminated (SIGTERM)")])
+def test_generate_command_ctrl_c_exits_130_naming_what_is_kept_and_releases_its_lock(tmp_path, monkeypatch, capsys,
+                                                                                     sig, code, said):
+    import signal
+
     import i2d2.generate as gen
     from i2d2.io import RunLock
 
     def stopped(cfg):
-        raise KeyboardInterrupt
+        if sig is None:
+            raise KeyboardInterrupt
+        # what the signal would run (os.kill would end pytest itself where the command installs no handler)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler), "SIGTERM ends i2d2.generate at once: no message, no lock released"
+        handler(signal.SIGTERM, None)
+
+    before = signal.getsignal(signal.SIGTERM)
 
     monkeypatch.setattr(gen, "generate", stopped)
     out = tmp_path / "out"
@@ -418,9 +429,10 @@ def test_generate_command_ctrl_c_exits_130_naming_what_is_kept_and_releases_its_
                    f"generate.critic={critic}", name="generate")
     with pytest.raises(SystemExit) as e:
         gen.hydra_main.__wrapped__(cfg)  # the function under @hydra.main, on the composed config
-    assert e.value.code == 130
+    assert e.value.code == code
+    assert signal.getsignal(signal.SIGTERM) == before  # the command's handler is not left behind
     err = capsys.readouterr().err
-    assert f"interrupted: i2d2.generate; generation shards finished so far are in {out}" in err and "Traceback" not in err
+    assert f"{said}: i2d2.generate; generation shards finished so far are in {out}" in err and "Traceback" not in err
     RunLock(out).acquire().release()  # released: a rerun can take it
 
 def test_missing_previous_iteration_and_bad_config(tmp_path):
