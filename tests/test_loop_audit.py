@@ -110,6 +110,25 @@ def test_a_critic_trained_on_another_lm_is_trained_again(tmp_path, monkeypatch):
     assert _fps(monkeypatch, cfg, "tiny:gpt2")["critic"] == a
 
 
+@pytest.mark.parametrize("marker", ["\x00{not json", "[]", '{"summary": null}'])
+def test_a_damaged_critic_marker_of_an_earlier_iteration_trains_a_new_critic(tmp_path, monkeypatch, caplog, marker):
+    """Iteration k looks at iteration k-1's critic marker to reuse its critic; a damaged one (a disk error, an
+    editor) stopped ``iteration=k`` with a bare JSONDecodeError (or AttributeError) traceback naming no file."""
+    from i2d2.recipes import generics
+
+    cfg = make_cfg(tmp_path / "run", "iteration=1")
+    done = tmp_path / "run" / "iter_0" / "critic" / "_DONE.json"
+    done.parent.mkdir(parents=True)
+    done.write_text(marker)
+    got = {}
+    monkeypatch.setattr(generics, "stage", lambda ranks, out, fp, fn, name, **kw: got.update(kw) or {})
+    it_dir = tmp_path / "run" / "iter_1"
+    with caplog.at_level("WARNING"):
+        generics.critic_stage(cfg, 1, it_dir, "tiny:gpt2", _LM("tiny:gpt2"), None, generics.Ranks())
+    assert got == {"all_ranks": True}  # a critic is trained (every rank joins its fit), none reused
+    assert str(done) in caplog.text and "cannot be reused" in caplog.text
+
+
 # ----------------------------------------------------------------------------- i2d2.generate
 
 def test_generation_shards_of_another_model_key_are_decoded_again(tmp_path, tiny_gpt2):

@@ -562,7 +562,13 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
             marker = prev / DONE
             if not marker.exists():
                 continue
-            info = json.loads(marker.read_text()).get("summary", {})
+            try:  # what it was trained on; a damaged marker (a traceback here) says nothing: that critic is not reused
+                info = json.loads(marker.read_text())["summary"]
+                info.get("labels_fingerprint")
+            except (ValueError, TypeError, KeyError, AttributeError):
+                log.warning("critic: %s is damaged: iteration %d's critic cannot be reused, training one for "
+                            "iteration %d", marker, j, k)
+                continue
             if policy == "never" or info.get("labels_fingerprint") == labels_fp:
                 source = (j, info)
             break
