@@ -53,6 +53,15 @@ def is_deepspeed(trainer_cfg: Mapping) -> bool:
     return "deepspeed" in strategy_name(trainer_cfg).lower()
 
 
+DISPLAY_KEYS = ("log_every_n_steps", "enable_progress_bar", "enable_model_summary")
+
+
+def fit_settings(trainer_cfg: Mapping) -> dict:
+    """The trainer config as a stage fingerprint part: everything that can change what a fit learns (precision,
+    accumulate_grad_batches, gradient_clip_val, devices, strategy...), not how its progress is shown."""
+    return {k: v for k, v in plain(trainer_cfg).items() if k not in DISPLAY_KEYS}
+
+
 def check_trainer_cfg(trainer_cfg: Mapping, where: str = "trainer") -> None:
     """Fail early, naming the field, for trainer settings this machine cannot run."""
     accel = str(trainer_cfg.get("accelerator", "auto"))

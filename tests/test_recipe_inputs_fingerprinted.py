@@ -82,6 +82,28 @@ def test_cmp_segment_sentences_in_pretrain_fingerprint():
 
 # ----------------------------------------------------------------------------- NegVerse
 
+@pytest.mark.parametrize("task", ["cmp", "negverse"])
+def test_trainer_settings_that_change_a_fit_are_in_its_fingerprint(task):
+    """A rerun with trainer.accumulate_grad_batches / gradient_clip_val / precision changed reused CMP pre-training and
+    NegVerse prompt tuning trained with the old ones (their fingerprints had no trainer part; the I2D2 fine-tuning's
+    and the comparatives critic's have one). How progress is shown changes nothing."""
+    if task == "cmp":
+        from i2d2.recipes.cmp import pretrain_fingerprint as fp_of
+    else:
+        from i2d2.recipes.negverse import train_fingerprint as fp_of
+
+    fp = fp_of(compose(f"task={task}"), "x") if task == "negverse" else fp_of(compose(f"task={task}"), "x", {})
+
+    def other(*overrides):
+        cfg = compose(f"task={task}", *overrides)
+        return fp_of(cfg, "x") if task == "negverse" else fp_of(cfg, "x", {})
+
+    for changed in ("trainer.accumulate_grad_batches=2", "trainer.gradient_clip_val=0.5", "trainer.precision=bf16-mixed"):
+        assert other(changed) != fp, changed
+    assert other("trainer.log_every_n_steps=1", "+trainer.enable_progress_bar=false",
+                 "+trainer.enable_model_summary=false") == fp
+
+
 def test_negverse_spacy_pipeline_fingerprinted(tmp_path):
     """task.spacy parses the training pairs and the evaluation: another pipeline used to reuse every stage."""
     from i2d2.models import load_spacy

@@ -30,7 +30,7 @@ from i2d2.cmp.tasks import (TASKS, Collator, ExampleBuilder, eos_id, make_trunca
 from i2d2.cmp.textualize import cut_documents, qa_pairs
 from i2d2.io import atomic_dir, fingerprint, model_fingerprint, read_jsonl, run_stage, write_json, write_jsonl, \
     write_text
-from i2d2.lightning_setup import build_trainer, checkpoint_weights, full_weights, resume_checkpoint
+from i2d2.lightning_setup import build_trainer, checkpoint_weights, fit_settings, full_weights, resume_checkpoint
 from i2d2.models import load_seq2seq
 from i2d2.resume import seed_fit
 from i2d2.tracking import Tracker, publish_report, tracked_run
@@ -494,7 +494,9 @@ def make_splits(cfg: DictConfig, quints: list[Quintuple], corpus: Path) -> tuple
 def pretrain_fingerprint(cfg: DictConfig, fp_text: str, split_info: dict) -> str:
     """The pre-training stage's inputs (eval and downstream include it)."""
     t = cfg.task
-    return fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", list(t.tasks), _container(t.get("mix")),
+    # the trainer too (eval and downstream follow): accumulate_grad_batches or precision changed kept the old model
+    return fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", fit_settings(cfg.trainer),
+                       list(t.tasks), _container(t.get("mix")),
                        _container(t.pretrain), _container(t.infilling), t.sep, int(cfg.seed),
                        float(cfg.data.val_fraction), float(cfg.data.test_fraction), split_info,
                        # the documents pre-training (and evaluation) read are cut to this many sentences; the

@@ -17,6 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from i2d2.lightning_setup import fit_settings
 from i2d2.lightning_setup import plain as _c  # config node -> plain dicts/lists
 from i2d2.io import DataError, fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
     write_jsonl, write_text
@@ -262,9 +263,7 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
     log.info("negverse data: %s", data_stats)
 
-    # the checkpoint cadence is where a killed fit resumes from, not what it learns
-    train_keys = {k: v for k, v in _c(cfg.task.train).items() if k != "checkpoint_every"}
-    fp_train = fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), train_keys, "negverse-train-v3")
+    fp_train = train_fingerprint(cfg, fp_data)
     train_dir = run_dir / "train"
     train_summary = run_stage(train_dir, fp_train, lambda out: train_stage(cfg, data_dir, out, logger), "negverse-train")
     log.info("negverse training: %s", train_summary)
@@ -288,6 +287,15 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
                                              eval_name="bundled eval_sentences.txt" if bundled else str(eval_file)),
                    tracker, prefix="negverse")
     return summary
+
+
+def train_fingerprint(cfg: DictConfig, fp_data: str) -> str:
+    """The prompt-tuning stage's inputs: the data stage's, the model, the prompt and training settings, and the
+    trainer's (accumulate_grad_batches, precision or gradient clipping changed kept the old soft prompt). The
+    checkpoint cadence is where a killed fit resumes from, not what it learns."""
+    train_keys = {k: v for k, v in _c(cfg.task.train).items() if k != "checkpoint_every"}
+    return fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), train_keys,
+                       fit_settings(cfg.trainer), "negverse-train-v3")
 
 
 def _spacy_fingerprint(name: str, nlp) -> list:
