@@ -110,6 +110,15 @@ def test_a_critic_trained_on_another_lm_is_trained_again(tmp_path, monkeypatch):
     assert _fps(monkeypatch, cfg, "tiny:gpt2")["critic"] == a
 
 
+def test_trainer_settings_that_change_the_critic_fit_are_in_its_fingerprint(tmp_path, monkeypatch):
+    """The critic trains under the trainer config (accumulate_grad_batches, gradient_clip_val, precision): a rerun
+    with one of them changed reused the critic trained with the old ones (the fine-tuning stage was redone)."""
+    fp = _fps(monkeypatch, make_cfg(tmp_path / "run"), "tiny:gpt2")["critic"]
+    for changed in ("trainer.accumulate_grad_batches=2", "trainer.gradient_clip_val=0.5"):
+        assert _fps(monkeypatch, make_cfg(tmp_path / "run", changed), "tiny:gpt2")["critic"] != fp, changed
+    assert _fps(monkeypatch, make_cfg(tmp_path / "run", "trainer.log_every_n_steps=1"), "tiny:gpt2")["critic"] == fp
+
+
 @pytest.mark.parametrize("marker", ["\x00{not json", "[]", '{"summary": null}'])
 def test_a_damaged_critic_marker_of_an_earlier_iteration_trains_a_new_critic(tmp_path, monkeypatch, caplog, marker):
     """Iteration k looks at iteration k-1's critic marker to reuse its critic; a damaged one (a disk error, an

@@ -550,10 +550,15 @@ def critic_trainer(cfg, ranks: Ranks) -> dict:
 def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
     from critics.train import fingerprint_view, train_critic
     from i2d2.annotation import critic_annotation_paths
+    from i2d2.lightning_setup import fit_settings
 
     out = it_dir / "critic"
     paths = critic_annotation_paths(list(_get(cfg.critic, "seed_annotations", ["generics_gemma.jsonl"])), cfg.run_dir)
-    labels_fp = fingerprint("critic", *paths, fingerprint_view(_plain(cfg.critic)))
+    view = fingerprint_view(_plain(cfg.critic))
+    # what the fit runs under (accumulate_grad_batches, gradient_clip_val, precision, ranks): a critic trained with
+    # other settings was reused, in this iteration and the next; a probe is fitted without a trainer
+    fit = [] if view.get("kind") == "probe" else [fit_settings(critic_trainer(cfg, ranks))]
+    labels_fp = fingerprint("critic", *paths, view, *fit)
     policy = _get(cfg.task, "critic.refresh", "new_labels")
     source = None  # the iteration whose critic to reuse
     if k > 0 and policy != "always":
