@@ -115,15 +115,21 @@ class Terminated(BaseException):
 
 
 def _raise_terminated(signum, frame):
+    if signal.getsignal(signal.SIGTERM) is not _raise_terminated:
+        # called by a Lightning fit's handler, which ran its own first: it has told every rank, and each stops at the
+        # end of its step (SIGTERMException, which ``terminated`` recognises); raising here would leave the other
+        # ranks of a launched run waiting in a collective for this one
+        return
     raise Terminated()
 
 
 @contextlib.contextmanager
 def sigterm_raises():
     """SIGTERM raises ``Terminated`` in the main thread while the block runs (the previous handler is restored after).
-    Python's default ends the process at once, with no message and no tidying up; inside a Lightning fit the signal
-    only set a flag, and the fit then stopped by raising its SIGTERMException, a SystemExit with no code: the run
-    exited 0, like a finished one, halfway through. Lightning keeps this handler (it calls it after its own)."""
+    Python's default ends the process at once, with no message and no tidying up. Inside a Lightning fit, whose own
+    handler calls this one after it, the fit stops at the end of the step on every rank by raising its
+    SIGTERMException, a SystemExit with no code: the run exited 0, like a finished one, halfway through; ``hydra_main``
+    now reports it as terminated."""
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: signals cannot be handled here

@@ -21,8 +21,9 @@ def open_group(cfg):
 
 
 def wait_for_interrupt(cfg):
-    """Prints "ready" and waits for the test's SIGINT (Ctrl-C), outside (``+task.fit=false``) or inside a
-    Lightning fit, which turns the KeyboardInterrupt into ``sys.exit(1)``."""
+    """Prints "ready" and waits for the test's SIGINT (Ctrl-C) or SIGTERM, outside (``+task.fit=false``) or inside a
+    Lightning fit, which turns the KeyboardInterrupt into ``sys.exit(1)`` and a SIGTERM into its SIGTERMException at
+    the end of the step."""
     import time
 
     if not cfg.task.get("fit"):
@@ -39,7 +40,10 @@ def wait_for_interrupt(cfg):
 
         def training_step(self, batch, i):
             print("ready", flush=True)
-            time.sleep(120)
+            for _ in range(1200):  # a step that ends once a SIGTERM is in (Lightning stops the fit after the step)
+                time.sleep(0.1)
+                if self.trainer.received_sigterm:
+                    break
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
