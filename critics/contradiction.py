@@ -463,7 +463,7 @@ def train_cross_encoder(cfg, scales=None, comparatives=None, trainer_cfg=None) -
     """Train (or find, or resume) the cross-encoder; returns its folder (save_pretrained + META).
 
     A finished folder is reused; a killed fit resumes from ``<dir>.work/checkpoints/last.ckpt``."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
 
     from sklearn.model_selection import GroupShuffleSplit
 

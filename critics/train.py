@@ -87,13 +87,14 @@ def _model_complete(model_dir: Path) -> bool:
 
 
 def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Path, trainer_cfg, tracker):
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.callbacks import EarlyStopping
     from lightning.pytorch.loggers import CSVLogger
     import torch
     from torch.utils.data import DataLoader
 
     from callbacks.pr_curve import PRCurveCallback
     from critics.critic import CriticModule
+    from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
     from i2d2.resume import EpochProgress, ResumeState, batches_per_rank, resumable_loader, seed_fit
 
     seed_fit(int(cfg["seed"]))

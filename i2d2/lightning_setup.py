@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 import torch
 from lightning.pytorch.callbacks import RichProgressBar
 
@@ -51,6 +52,32 @@ def strategy_name(trainer_cfg: Mapping) -> str:
 
 def is_deepspeed(trainer_cfg: Mapping) -> bool:
     return "deepspeed" in strategy_name(trainer_cfg).lower()
+
+
+class ModelCheckpoint(_LightningModelCheckpoint):
+    """Lightning's ModelCheckpoint, resumable in a run folder that moved (the project's run folders can move).
+
+    Its state holds absolute paths (``dirpath``, ``best_model_path``, ``best_k_models``); resumed from a folder
+    that is no longer where the checkpoint was written, Lightning drops the best score so far (any later
+    validation became "best", overwriting a better epoch's ``best.ckpt``) and keeps ``best_model_path`` pointing
+    into the old folder (a critic or CMP model read from there, or from nowhere). Paths under the old ``dirpath`` are
+    moved under the new one before Lightning reads the state. Same class name: the same state key in checkpoints."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        old, new = state_dict.get("dirpath"), self.dirpath
+        if old and new and os.path.normpath(str(old)) != os.path.normpath(str(new)):
+            old = os.path.normpath(str(old))
+
+            def moved(p):
+                if not p or os.path.commonpath([old, os.path.normpath(str(p))]) != old:
+                    return p
+                return os.path.join(new, os.path.relpath(os.path.normpath(str(p)), old))
+
+            state_dict = {**state_dict, "dirpath": new,
+                          **{k: moved(state_dict.get(k)) for k in ("best_model_path", "kth_best_model_path",
+                                                                   "last_model_path") if k in state_dict},
+                          "best_k_models": {moved(k): v for k, v in (state_dict.get("best_k_models") or {}).items()}}
+        super().load_state_dict(state_dict)
 
 
 DISPLAY_KEYS = ("log_every_n_steps", "enable_progress_bar", "enable_model_summary")

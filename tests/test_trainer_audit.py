@@ -116,3 +116,33 @@ def test_progress_lines_say_when_the_validation_metrics_were_measured(caplog):
         trainer.global_step, trainer.callback_metrics = 6, {}
         progress.on_train_batch_end(trainer, module, {"loss": torch.tensor(1.5)}, None, 0)
     assert "validation at" not in caplog.text
+
+
+def test_checkpoint_callback_state_follows_a_moved_run_folder(tmp_path):
+    """A fit killed and resumed after its run folder moved (scratch -> project space, the project's run folders can
+    move): Lightning's ModelCheckpoint dropped the best score so far (the first validation after the resume became
+    "best" and overwrote a better epoch's best.ckpt) and kept best_model_path in the old folder (the critic and CMP
+    read their best weights from there, or from nowhere once it was gone)."""
+    import torch
+
+    from i2d2.lightning_setup import ModelCheckpoint
+
+    old, new = tmp_path / "scratch" / "run" / "critic" / "checkpoints", tmp_path / "project" / "run" / "critic" / "checkpoints"
+    before = ModelCheckpoint(dirpath=old, filename="best", monitor="val/ap", mode="max", save_top_k=1)
+    best = str(old / "best.ckpt")
+    before.best_model_score, before.best_model_path, before.kth_best_model_path = torch.tensor(0.9), best, best
+    before.best_k_models, before.kth_value, before.last_model_path = {best: torch.tensor(0.9)}, torch.tensor(0.9), ""
+    after = ModelCheckpoint(dirpath=new, filename="best", monitor="val/ap", mode="max", save_top_k=1)
+    assert after.state_key == before.state_key  # the key a checkpoint written before this class holds
+    after.load_state_dict(before.state_dict())
+    assert after.best_model_score == torch.tensor(0.9)
+    assert after.best_model_path == after.kth_best_model_path == str(new / "best.ckpt")
+    assert list(after.best_k_models) == [str(new / "best.ckpt")] and after.last_model_path == ""
+    # resumed where it was written: as Lightning has it
+    same = ModelCheckpoint(dirpath=old, filename="best", monitor="val/ap", mode="max", save_top_k=1)
+    same.load_state_dict(before.state_dict())
+    assert same.best_model_path == best and same.best_model_score == torch.tensor(0.9)
+    # a path outside the old folder (none is written there, but a state may say so) is left as it is
+    elsewhere = {**before.state_dict(), "best_model_path": str(tmp_path / "other" / "x.ckpt")}
+    after.load_state_dict(elsewhere)
+    assert after.best_model_path == str(tmp_path / "other" / "x.ckpt")

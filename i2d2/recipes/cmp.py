@@ -167,7 +167,7 @@ def textualize(quints: list[Quintuple], realiser_cfg, out_dir: Path) -> dict:
 
 
 def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logger) -> dict:
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
 
     from i2d2.resume import EpochProgress, ResumeState
     from trainers.cmp import CMPModule, MixedTaskBatches, TaskBatches, per_task_sizes, train_loader, val_loader

@@ -126,7 +126,7 @@ def data_stage(cfg, nlp, out_dir: Path) -> dict:
 
 
 def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
 
     from i2d2.lightning_setup import build_trainer, full_weights, resume_checkpoint
     from i2d2.models import load_causal_lm
