@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint, RichProgressBar
 
 from i2d2.config import plain  # noqa: F401  (re-exported: the recipes call lightning_setup.plain)
 
@@ -538,7 +537,6 @@ class ProgressLog(L.Callback):
             log.info("%s: epoch %d done at step %d %s (%.0fs)", self.name, *self._ended[:2], self._metrics(trainer),
                      self._ended[2])
         self._ended = None
-
 
 
 class StepLimitedRichProgressBar(RichProgressBar):
