@@ -12,7 +12,7 @@ Blind per-iteration evaluation on the fixed held-out concepts (``task.heldout``)
     python -m i2d2.annotate accuracy --run-dir runs/i2d2
 
 ``export --blind`` draws n statements per iteration, shuffles them together and writes only item id, statement
-and an empty label (no score, iteration or concept); ``import --blind`` maps the labels back through the key
+and empty label and votes columns (no score, iteration or concept); ``import --blind`` maps the labels back through the key
 kept in the run, stores them apart from the critic's labels and writes the accuracy into every iteration's
 ``report.md`` / ``report/metrics.json``; ``accuracy`` prints the person-judged accuracy per iteration.
 
