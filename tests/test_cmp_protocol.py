@@ -276,3 +276,29 @@ def test_seed_aggregate_mean_and_std(tmp_path):
     (tmp_path / "again" / "report.json").write_text((dirs[1] / "report.json").read_text())
     with pytest.raises(DataError, match="same seed"):
         load_reports([dirs[1], tmp_path / "again"])
+
+
+def test_seed_aggregate_command_refuses_bad_runs_with_one_line(tmp_path, capsys):
+    """``python -m i2d2.cmp.aggregate`` (the README's command) on a run without a report or two runs of one seed
+    printed a DataError traceback; it now prints one ``error:`` line and exits 2, as the other CLIs."""
+    import json
+
+    from i2d2.cmp.aggregate import main
+
+    assert main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no CMP report" in err
+    d = tmp_path / "s0"
+    d.mkdir()
+    (d / "report.json").write_text(json.dumps({"seed": 0, "splits": {"train": 1, "test": 1, "entities": {"test": 1}},
+                                               "zero_shot": {"pretrained": {"em": 1.0, "f1": 2.0, "n": 3}}}))
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "report.json").write_text((d / "report.json").read_text())
+    capsys.readouterr()
+    assert main([str(d), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "same seed" in err and "Traceback" not in err
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "report.json").write_text("{")
+    assert main([str(tmp_path / "broken")]) == 2
+    assert main([str(d)]) == 0 and "| pretrained | 1.00 ± – | 2.00 ± – | 1 |" in capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -73,8 +74,15 @@ def markdown(reports: list[dict]) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="+")
-    print(markdown(load_reports(ap.parse_args(argv).run_dirs)), end="")
+    args = ap.parse_args(argv)
+    try:  # a missing or foreign report, a seed twice: one line naming it, exit status 2, as the other CLIs
+        reports = load_reports(args.run_dirs)
+    except (DataError, OSError, ValueError) as e:  # ValueError: a report.json that is not JSON
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(markdown(reports), end="")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
