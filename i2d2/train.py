@@ -192,6 +192,28 @@ def hydra_main(cfg: DictConfig):
             print(f"interrupted: the {cfg.task.name} run in {cfg.run_dir}; rerun the same command to resume",
                   file=sys.stderr)
         sys.exit(130)  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
+    except Exception as e:
+        from i2d2.io import DataError
+
+        # the run's log file ends with why it stopped (Hydra prints the error on the terminal only)
+        _to_log_files(f"run stopped: {type(e).__name__}: {e}")
+        if not isinstance(e, DataError):
+            raise  # a bug: its traceback
+        # stopped by what it was given or produced mid-way (no generation passed the filter, a stage's output
+        # damaged since start-up): the message names the file or key to change; a traceback would bury it
+        if launched_rank() == 0:
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _to_log_files(message: str) -> None:
+    import logging
+
+    record = logging.makeLogRecord({"name": __name__, "levelno": logging.ERROR, "levelname": "ERROR",
+                                    "msg": message})
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def checked_run(cfg: DictConfig):

@@ -477,3 +477,27 @@ def test_rank_shares_are_kept_when_finished_and_must_cover_every_item(tmp_path):
     share(1, [1, 3])
     assert _check_shares(tmp_path, "ppl", 4) == {"n_scored": 4, "ranks": 2}
     assert read_shares(tmp_path, "ppl").tolist() == [0.0, 0.1, 0.2, 0.3]
+
+
+@pytest.mark.integration
+def test_a_run_whose_filter_keeps_nothing_stops_with_one_line_in_the_terminal_and_the_log(tmp_path):
+    """No generation passed the filter, so iteration 0 has nothing to fine-tune on: a mid-run DataError. It ended in
+    a Hydra traceback (exit 1) whose last line held the advice, and the run's train.log stopped without a word of
+    why. Now: exit 1, one ``error:`` line naming the key to change, the reason at the end of train.log, and the
+    stages before it kept (a rerun with a lower delta resumes from them)."""
+    import subprocess
+    import sys
+
+    from process_env import launch_env
+
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "i2d2.train", *SMOKE, f"run_dir={run}", "task.filter.delta=0.99"],
+                       capture_output=True, text=True, timeout=600, env=launch_env(),
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: iteration 0: no generation passed the filter") and "task.filter.delta" in last
+    (log,) = run.glob("hydra/*/train.log")
+    assert "run stopped: DataError: iteration 0: no generation passed the filter" in log.read_text().splitlines()[-1]
+    assert (run / "iter_0" / "filtered" / "_DONE.json").exists() and (run / "iter_0" / "critic" / "_DONE.json").exists()

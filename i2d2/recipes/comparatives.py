@@ -448,9 +448,10 @@ def critic_fingerprint(cfg, ccfg: dict, paths: list[Path], perplexity_baseline: 
     alone (its test pairs shared entities with training ones) is trained again, not reported as never having seen
     its test entities."""
     from critics.train import fingerprint_view
+    from i2d2.lightning_setup import fit_settings
 
     ppl = [{"perplexity_baseline": lm_key or "generator"}] if perplexity_baseline else []
-    return fingerprint(fingerprint_view(ccfg), *paths, _plain(cfg.trainer), *ppl, "split-by-entity")
+    return fingerprint(fingerprint_view(ccfg), *paths, fit_settings(cfg.trainer), *ppl, "split-by-entity")
 
 
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None,

@@ -953,6 +953,7 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
 
 
 def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks: Ranks) -> dict:
+    from i2d2.lightning_setup import fit_settings
     from trainers.lm_finetune import finetune
 
     out = it_dir / "finetune"
@@ -961,13 +962,13 @@ def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks:
     tc = _plain(cfg.trainer)
     result_keys = {k_: v for k_, v in ft.items() if k_ not in ("keep_checkpoints", "ckpt_every_n_steps")}
     fp = fingerprint("finetune", kept_path, result_keys,
-                     {k_: v for k_, v in tc.items() if k_ not in ("log_every_n_steps", "enable_progress_bar")},
+                     fit_settings(tc),
                      model_key, int(cfg.seed), *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         rows = read_jsonl(kept_path, required=("generation",))
         if not rows:
-            raise RuntimeError(
+            raise DataError(
                 f"iteration {k}: no generation passed the filter ({kept_path} is empty), so there is nothing to "
                 "fine-tune on. Lower task.filter.delta, raise task.max_prompts, or set task.filter.require_constraints=false.")
         model, tok = lm()
