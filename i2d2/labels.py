@@ -56,9 +56,14 @@ def canonical_statement(text: str) -> str:
     return stripped[:1].upper() + stripped[1:] if stripped != text else text
 
 
+# Gemma writes "It’s" as often as "It's": one statement, labelled once (the blind export showed a person both)
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
 def normalize_statement(text: str) -> str:
-    """Key used to de-duplicate statements across annotation rounds."""
-    return re.sub(r"\s+", " ", str(text).strip().lower()).rstrip(" .")
+    """Key used to de-duplicate statements across annotation rounds: case, spacing, a final period and curly
+    quotes folded."""
+    return re.sub(r"\s+", " ", str(text).translate(_QUOTES).strip().lower()).rstrip(" .")
 
 
 def label_mapping(label_map: Mapping | None) -> dict[str, int | None]:

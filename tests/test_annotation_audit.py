@@ -355,3 +355,16 @@ def test_a_blind_export_given_to_the_plain_import_names_blind(tmp_path, capsys, 
     assert f"{done}: a blind export" in err and "import --blind --run-dir" in err
     assert not (tmp_path / "store.jsonl").exists()
     assert len(import_blind(done, run)) == 5  # what the message says works
+
+
+def test_curly_and_straight_apostrophes_are_one_statement_to_label(tmp_path):
+    """Gemma writes "It’s" and "It's" alike: the blind export showed a person both as two items, and the store
+    would keep two labels of one statement."""
+    root = tmp_path / "run"
+    for k, texts in enumerate([["A dog’s nose is wet.", "Owls hoot."], ["A dog's nose is wet.", "Cats purr."]]):
+        d = root / f"iter_{k}" / "heldout"
+        d.mkdir(parents=True)
+        write_jsonl(d / "statements.jsonl", [{"statement": t, "concept": "dog"} for t in texts])
+    items = export_blind(root, tmp_path / "b.jsonl", n_per_iteration=2)
+    assert sorted(it["statement"].replace("’", "'") for it in items) == ["A dog's nose is wet.", "Cats purr.",
+                                                                         "Owls hoot."]
