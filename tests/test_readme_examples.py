@@ -117,5 +117,7 @@ def test_every_repository_path_the_readme_names_exists():
             if re.match(r"(conf|scripts|tests|critics|trainers|callbacks|i2d2)/[\w./-]*$", tok) and "*" not in tok:
                 paths.add(tok.rstrip("/"))
     assert len(paths) > 30
-    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    # where the wheel puts conf/ (setup.py): in an installed package, not in a clean checkout
+    built = {"i2d2/_conf"}
+    missing = sorted(p for p in paths - built if not (ROOT / p).exists())
     assert not missing, f"README names paths that do not exist in the checkout: {missing}"
