@@ -239,9 +239,12 @@ def checked_run(cfg: DictConfig):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     try:  # the lock is already held: entering it as a context manager would try to take it a second time
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
         config.setup_run(cfg)
         recipe = hydra.utils.get_method(cfg.task.recipe)
-        return recipe(cfg)
+        with logging_redirect_tqdm():  # a log line printed while a bar is drawn lands above it, not inside it
+            return recipe(cfg)
     finally:
         try:
             close_process_group()
