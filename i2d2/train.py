@@ -114,11 +114,21 @@ class Terminated(BaseException):
     ``except Exception`` of a stage takes it for a failure of its own."""
 
 
+_OWNER_PID: int | None = None  # the process that installed the handler (sigterm_raises)
+
+
 def _raise_terminated(signum, frame):
     if signal.getsignal(signal.SIGTERM) is not _raise_terminated:
         # called by a Lightning fit's handler, which ran its own first: it has told every rank, and each stops at the
         # end of its step (SIGTERMException, which ``terminated`` recognises); raising here would leave the other
         # ranks of a launched run waiting in a collective for this one
+        return
+    if os.getpid() != _OWNER_PID:
+        # a forked child (datasets.map / multiprocessing pool, DataLoader worker) inherited the handler: no
+        # hydra_main there reports a Terminated, which printed a traceback per worker (a pool's terminate() and a
+        # cluster's SIGTERM to the whole job both send it); it ends as SIGTERM ended it before
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
         return
     raise Terminated()
 
@@ -130,15 +140,18 @@ def sigterm_raises():
     handler calls this one after it, the fit stops at the end of the step on every rank by raising its
     SIGTERMException, a SystemExit with no code: the run exited 0, like a finished one, halfway through; ``hydra_main``
     now reports it as terminated."""
+    global _OWNER_PID
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: signals cannot be handled here
         yield
         return
+    owner, _OWNER_PID = _OWNER_PID, os.getpid()
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _OWNER_PID = owner
 
 
 def terminated(e: BaseException) -> bool:

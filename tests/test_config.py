@@ -117,6 +117,40 @@ def test_ctrl_c_exits_130_with_one_line_and_releases_the_lock(tmp_path, fit, sig
     assert not (run / LOCK_INFO).exists()
 
 
+def test_sigterm_in_a_forked_worker_ends_it_as_before_not_with_a_terminated_traceback(tmp_path):
+    """A forked child (datasets.map's pool, a DataLoader worker) inherits the SIGTERM handler; it raised Terminated
+    there, where no hydra_main reports it: a traceback per worker when a pool is terminated or a cluster's SIGTERM
+    reaches the whole job. The child ends as SIGTERM ended it before the handler (killed by the signal)."""
+    import multiprocessing as mp
+    import time
+
+    from i2d2.train import sigterm_raises
+
+    ctx = mp.get_context("fork")
+    err = tmp_path / "child_stderr.txt"
+    with sigterm_raises():
+        child = ctx.Process(target=_sleep_with_stderr_in, args=(str(err),))
+        child.start()
+        for _ in range(200):  # until the child has redirected its stderr
+            if err.exists():
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        child.terminate()  # SIGTERM, as multiprocessing.Pool.terminate() sends it
+        child.join(30)
+    assert child.exitcode == -signal.SIGTERM
+    assert "Terminated" not in err.read_text()
+
+
+def _sleep_with_stderr_in(path):
+    import os
+    import time
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    os.dup2(fd, 2)
+    time.sleep(60)
+
+
 # ----------------------------------------------------------------------------- start-up value checks, every task
 
 def _start(overrides):
