@@ -86,6 +86,10 @@ def _model_complete(model_dir: Path) -> bool:
                                                           or (model_dir / WEIGHTS).exists())
 
 
+# the Trainer arguments _fit sets itself (the trainer config's are replaced): not part of a critic's fingerprint
+FIT_ARGS = ("max_epochs", "callbacks", "logger", "default_root_dir", "enable_checkpointing", "use_distributed_sampler")
+
+
 def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Path, trainer_cfg, tracker):
     from lightning.pytorch.callbacks import EarlyStopping
     from lightning.pytorch.loggers import CSVLogger
@@ -116,7 +120,7 @@ def _fit(cfg: dict, texts, ys, train_idx, val_idx, out_dir: Path, model_dir: Pat
     logger = tracker.logger if tracker is not None and tracker.logger is not None else CSVLogger(out_dir, name="logs")
     # under DDP the train loader is this rank's shard (i2d2/resume.py), and every rank validates on the whole dev
     # set, so that each one picks the same best epoch: Lightning must not swap in its own distributed samplers
-    trainer = build_trainer(trainer_cfg, micro_batch=int(cfg["batch_size"]), where="critic trainer",
+    trainer = build_trainer(trainer_cfg, micro_batch=int(cfg["batch_size"]), where="critic trainer",  # FIT_ARGS
                             max_epochs=int(cfg["max_epochs"]), callbacks=callbacks, logger=logger,
                             default_root_dir=str(out_dir), enable_checkpointing=True, use_distributed_sampler=False)
     # the trainer's world is the one count of ranks: the schedule's steps and the loader's shard both read it

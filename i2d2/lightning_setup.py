@@ -82,10 +82,13 @@ class ModelCheckpoint(_LightningModelCheckpoint):
 DISPLAY_KEYS = ("log_every_n_steps", "enable_progress_bar", "enable_model_summary")
 
 
-def fit_settings(trainer_cfg: Mapping) -> dict:
+def fit_settings(trainer_cfg: Mapping, set_by_fit: Iterable[str] = ()) -> dict:
     """The trainer config as a stage fingerprint part: everything that can change what a fit learns (precision,
-    accumulate_grad_batches, gradient_clip_val, devices, strategy...), not how its progress is shown."""
-    return {k: v for k, v in plain(trainer_cfg).items() if k not in DISPLAY_KEYS}
+    accumulate_grad_batches, gradient_clip_val, devices, strategy...), not how its progress is shown.
+    ``set_by_fit``: the Trainer arguments the fit passes ``build_trainer`` itself (``max_epochs`` from its own
+    config...), which replace the config's: a config value the fit never reads must not redo it."""
+    skip = {*DISPLAY_KEYS, *set_by_fit}
+    return {k: v for k, v in plain(trainer_cfg).items() if k not in skip}
 
 
 def check_trainer_cfg(trainer_cfg: Mapping, where: str = "trainer") -> None:

@@ -119,6 +119,13 @@ def test_trainer_settings_that_change_the_critic_fit_are_in_its_fingerprint(tmp_
     assert _fps(monkeypatch, make_cfg(tmp_path / "run", "trainer.log_every_n_steps=1"), "tiny:gpt2")["critic"] == fp
 
 
+def test_trainer_settings_the_critic_fit_replaces_are_not_in_its_fingerprint(tmp_path, monkeypatch):
+    """The critic's fit sets max_epochs from critic.max_epochs: trainer.max_epochs (which it never reads) retrained
+    the critic of every iteration and kept a later one from reusing an earlier one's."""
+    fp = _fps(monkeypatch, make_cfg(tmp_path / "run"), "tiny:gpt2")["critic"]
+    assert _fps(monkeypatch, make_cfg(tmp_path / "run", "trainer.max_epochs=3"), "tiny:gpt2")["critic"] == fp
+
+
 @pytest.mark.parametrize("marker", ["\x00{not json", "[]", '{"summary": null}'])
 def test_a_damaged_critic_marker_of_an_earlier_iteration_trains_a_new_critic(tmp_path, monkeypatch, caplog, marker):
     """Iteration k looks at iteration k-1's critic marker to reuse its critic; a damaged one (a disk error, an

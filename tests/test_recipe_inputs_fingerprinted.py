@@ -104,6 +104,25 @@ def test_trainer_settings_that_change_a_fit_are_in_its_fingerprint(task):
                  "+trainer.enable_model_summary=false") == fp
 
 
+@pytest.mark.parametrize("task", ["cmp", "negverse"])
+def test_trainer_settings_the_fit_replaces_are_not_in_its_fingerprint(task):
+    """The fit passes max_steps / max_epochs (from task.train / task.pretrain) to build_trainer, replacing the trainer
+    config's: trainer.max_epochs=3 changed nothing the fit learns, yet redid prompt tuning / pre-training."""
+    if task == "cmp":
+        from i2d2.recipes.cmp import pretrain_fingerprint
+
+        def fp_of(*overrides):
+            return pretrain_fingerprint(compose(f"task={task}", *overrides), "x", {})
+    else:
+        from i2d2.recipes.negverse import train_fingerprint
+
+        def fp_of(*overrides):
+            return train_fingerprint(compose(f"task={task}", *overrides), "x")
+
+    assert fp_of("trainer.max_epochs=3", "+trainer.max_steps=7") == fp_of()
+    assert fp_of("trainer.accumulate_grad_batches=2") != fp_of()
+
+
 def test_negverse_spacy_pipeline_fingerprinted(tmp_path):
     """task.spacy parses the training pairs and the evaluation: another pipeline used to reuse every stage."""
     from i2d2.models import load_spacy

@@ -166,6 +166,11 @@ def textualize(quints: list[Quintuple], realiser_cfg, out_dir: Path) -> dict:
     return {"n": len(texts)}
 
 
+# the Trainer arguments pretrain sets itself (the trainer config's are replaced): not part of its fingerprint
+PRETRAIN_FIT_ARGS = ("max_steps", "max_epochs", "logger", "callbacks", "default_root_dir", "val_check_interval",
+                     "check_val_every_n_epoch", "num_sanity_val_steps", "enable_checkpointing")
+
+
 def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logger) -> dict:
     from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
 
@@ -194,7 +199,7 @@ def pretrain(cfg: DictConfig, splits: dict, summaries: dict, out_dir: Path, logg
                            save_last=True, enable_version_counter=False)
     # exact resume (i2d2/resume.py): the loader's position and the RNG state travel in last.ckpt
     progress = EpochProgress()
-    trainer = build_trainer(
+    trainer = build_trainer(  # PRETRAIN_FIT_ARGS
         cfg.trainer, micro_batch=int(pre.batch_size), max_steps=steps, max_epochs=-1,
         logger=logger if logger is not None else False, callbacks=[ResumeState(progress, "cmp"), ckpt],
         default_root_dir=str(out_dir),
@@ -495,7 +500,7 @@ def pretrain_fingerprint(cfg: DictConfig, fp_text: str, split_info: dict) -> str
     """The pre-training stage's inputs (eval and downstream include it)."""
     t = cfg.task
     # the trainer too (eval and downstream follow): accumulate_grad_batches or precision changed kept the old model
-    return fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", fit_settings(cfg.trainer),
+    return fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", fit_settings(cfg.trainer, PRETRAIN_FIT_ARGS),
                        list(t.tasks), _container(t.get("mix")),
                        _container(t.pretrain), _container(t.infilling), t.sep, int(cfg.seed),
                        float(cfg.data.val_fraction), float(cfg.data.test_fraction), split_info,

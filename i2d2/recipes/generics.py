@@ -548,7 +548,7 @@ def critic_trainer(cfg, ranks: Ranks) -> dict:
 
 
 def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
-    from critics.train import fingerprint_view, train_critic
+    from critics.train import FIT_ARGS, fingerprint_view, train_critic
     from i2d2.annotation import critic_annotation_paths
     from i2d2.lightning_setup import fit_settings
 
@@ -557,7 +557,7 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
     view = fingerprint_view(_plain(cfg.critic))
     # what the fit runs under (accumulate_grad_batches, gradient_clip_val, precision, ranks): a critic trained with
     # other settings was reused, in this iteration and the next; a probe is fitted without a trainer
-    fit = [] if view.get("kind") == "probe" else [fit_settings(critic_trainer(cfg, ranks))]
+    fit = [] if view.get("kind") == "probe" else [fit_settings(critic_trainer(cfg, ranks), FIT_ARGS)]
     labels_fp = fingerprint("critic", *paths, view, *fit)
     policy = _get(cfg.task, "critic.refresh", "new_labels")
     source = None  # the iteration whose critic to reuse

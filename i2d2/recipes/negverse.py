@@ -125,6 +125,11 @@ def data_stage(cfg, nlp, out_dir: Path) -> dict:
     return stats
 
 
+# the Trainer arguments train_stage sets itself (the trainer config's are replaced): not part of fp_train
+TRAIN_FIT_ARGS = ("max_steps", "max_epochs", "callbacks", "logger", "default_root_dir", "limit_val_batches",
+                  "num_sanity_val_steps")
+
+
 def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
 
@@ -154,7 +159,7 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     ckpt_dir = out_dir / "checkpoints"
     ckpt = ModelCheckpoint(dirpath=ckpt_dir, save_last=True, save_top_k=1, enable_version_counter=False,
                            every_n_train_steps=int(tr.checkpoint_every))
-    trainer = build_trainer(
+    trainer = build_trainer(  # TRAIN_FIT_ARGS
         cfg.trainer, micro_batch=int(tr.batch_size), max_steps=max_steps,
         max_epochs=int(tr.epochs) if max_steps <= 0 else -1, callbacks=[ResumeState(progress, "negverse"), ckpt],
         logger=logger if logger is not None else False, default_root_dir=str(out_dir),
@@ -295,7 +300,7 @@ def train_fingerprint(cfg: DictConfig, fp_data: str) -> str:
     checkpoint cadence is where a killed fit resumes from, not what it learns."""
     train_keys = {k: v for k, v in _c(cfg.task.train).items() if k != "checkpoint_every"}
     return fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), train_keys,
-                       fit_settings(cfg.trainer), "negverse-train-v3")
+                       fit_settings(cfg.trainer, TRAIN_FIT_ARGS), "negverse-train-v3")
 
 
 def _spacy_fingerprint(name: str, nlp) -> list:
