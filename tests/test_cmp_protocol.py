@@ -300,5 +300,7 @@ def test_seed_aggregate_command_refuses_bad_runs_with_one_line(tmp_path, capsys)
     assert err.startswith("error: ") and "same seed" in err and "Traceback" not in err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "report.json").write_text("{")
+    capsys.readouterr()
     assert main([str(tmp_path / "broken")]) == 2
+    assert f"error: {tmp_path / 'broken' / 'report.json'}: " in capsys.readouterr().err  # names the file
     assert main([str(d)]) == 0 and "| pretrained | 1.00 ± – | 2.00 ± – | 1 |" in capsys.readouterr().out

@@ -26,8 +26,11 @@ def load_reports(run_dirs) -> list[dict]:
         if path.resolve() in seen:
             raise DataError(f"{d}: given twice (also as {seen[path.resolve()]})")
         seen[path.resolve()] = d
-        report = json.loads(path.read_text())
-        missing = [k for k in ("zero_shot", "splits") if k not in report]
+        try:
+            report = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:  # the bare JSON message named no file
+            raise DataError(f"{path}: not a readable report ({e})") from None
+        missing = [k for k in ("zero_shot", "splits") if not isinstance(report, dict) or k not in report]
         if missing:
             raise DataError(f"{path}: not a CMP run's report (no {', '.join(missing)}); task=cmp writes one")
         reports.append(report)
