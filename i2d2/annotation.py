@@ -454,7 +454,7 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None, by: 
             y = mapping.get(normalize_label(r.get("label") or "") or aggregate_votes(r.get("votes") or []) or "")
             if y is not None:
                 labels[normalize_statement(r["statement"])] = int(y)
-    judged: dict[tuple, list[int]] = {}
+    judged: dict[tuple, dict[str, int]] = {}
     counts: dict[tuple, int] = {}
     for r in heldout_statements(run_dir):
         group = (int(r["iteration"]),) + ((str(r.get(by) or "–"),) if by else ())
@@ -462,10 +462,12 @@ def heldout_accuracy(run_dir: str | Path, label_map: Mapping | None = None, by: 
         key = normalize_statement(r["statement"])
         y = labels.get(key)
         if y is not None and (key not in drawn or group[0] in drawn[key]):
-            judged.setdefault(group, []).append(y)
+            # once per statement, as it was drawn (export_blind draws distinct ones): a statement generated twice
+            # counted twice, n_labelled exceeded the labels and the interval was narrower than they support
+            judged.setdefault(group, {})[key] = y
     out = []
     for group in sorted(counts):
-        ys = np.asarray(judged.get(group, []), dtype=float)
+        ys = np.asarray(list(judged.get(group, {}).values()), dtype=float)
         acc = float(ys.mean()) if len(ys) else None
         lo, hi = wilson_interval(int(ys.sum()), len(ys)) or (None, None)
         out.append({"iteration": group[0], **({by: group[1]} if by else {}), "n_generations": counts[group],

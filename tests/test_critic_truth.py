@@ -559,3 +559,27 @@ def test_an_iterations_blind_accuracy_counts_its_own_draws_not_statements_anothe
     acc = {r["iteration"]: r for r in heldout_accuracy(run)}
     assert (acc[1]["n_labelled"], acc[1]["accuracy"]) == (4, 0.75) and acc[0]["n_labelled"] == 1
     assert export_blind(run, tmp_path / "b3.csv", n_per_iteration=10) == []  # every statement judged for each
+
+
+def test_a_statement_generated_twice_counts_once_in_its_iterations_blind_accuracy(tmp_path):
+    """The export draws distinct statements; the accuracy counted a labelled one once per generation that made it:
+    n_labelled exceeded the labels (and the draws), and the Wilson interval was narrower than they support."""
+    import csv
+
+    from i2d2.annotation import export_blind, heldout_accuracy, import_blind
+
+    run = tmp_path / "run"
+    d = run / "iter_0" / "heldout"
+    d.mkdir(parents=True)
+    texts = ["Dogs bark.", "Dogs bark.", "Dogs bark.", "Cats fly."]
+    write_jsonl(d / "statements.jsonl", [{"statement": t, "concept": "c", "prompt_id": f"p{i}"} for i, t in enumerate(texts)])
+    items = export_blind(run, tmp_path / "b.csv", n_per_iteration=10)
+    assert len(items) == 2
+    with open(tmp_path / "done.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, ["item_id", "statement", "label", "votes"])
+        w.writeheader()
+        w.writerows({"item_id": it["item_id"], "statement": it["statement"],
+                     "label": "true" if it["statement"] == "Dogs bark." else "false", "votes": ""} for it in items)
+    import_blind(tmp_path / "done.csv", run)
+    (acc,) = heldout_accuracy(run)
+    assert (acc["n_generations"], acc["n_labelled"], acc["accuracy"]) == (4, 2, 0.5)
