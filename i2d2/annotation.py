@@ -372,7 +372,10 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
     items: dict[str, dict] = {}
     n_recorded = 0
     for k in sorted(by_iter):
-        cands = [(key, r) for key, r in by_iter[k].items() if not (key in done and k in drawn.get(key, ()))]
+        # a label with no key row (put into the store by hand) counts for every iteration already: drawing it
+        # recorded nothing, took a slot of every export and was logged as "recorded"
+        cands = [(key, r) for key, r in by_iter[k].items()
+                 if not (key in done and (key not in drawn or k in drawn[key]))]
         for i in rng.permutation(len(cands))[:n_per_iteration].tolist():
             key, r = cands[i]
             if key in done:  # labelled already, for another iteration's draw: now drawn for this one too

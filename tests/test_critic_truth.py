@@ -583,3 +583,19 @@ def test_a_statement_generated_twice_counts_once_in_its_iterations_blind_accurac
     import_blind(tmp_path / "done.csv", run)
     (acc,) = heldout_accuracy(run)
     assert (acc["n_generations"], acc["n_labelled"], acc["accuracy"]) == (4, 2, 0.5)
+
+
+def test_a_blind_export_does_not_draw_a_statement_labelled_with_no_key(tmp_path):
+    """A held-out label put into the store by hand (no key row) counts for every iteration; the export drew it again
+    in every round, recorded nothing for it, and gave the iteration one statement fewer than --n."""
+    from i2d2.annotation import export_blind, heldout_store
+
+    run = tmp_path / "run"
+    d = run / "iter_0" / "heldout"
+    d.mkdir(parents=True)
+    write_jsonl(d / "statements.jsonl", [{"statement": t, "concept": "c"} for t in ("Dogs bark.", "Cats purr.", "Owls hoot.")])
+    heldout_store(run).parent.mkdir(parents=True)
+    write_jsonl(heldout_store(run), [{"statement": "Dogs bark.", "concept": "c", "label": "true"}])
+    for seed in range(5):
+        items = export_blind(run, tmp_path / f"b{seed}.csv", n_per_iteration=2, seed=seed)
+        assert sorted(it["statement"] for it in items) == ["Cats purr.", "Owls hoot."], seed
