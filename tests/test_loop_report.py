@@ -170,3 +170,16 @@ def test_the_trackers_table_of_iterations_has_the_markdown_tables_columns(tmp_pa
     row = dict(zip(cols, rows[0]))
     assert "human_accuracy" not in cols
     assert (row["heldout_accuracy"], row["heldout_self_bleu"], row["n_kept"], row["kept_fraction"]) == (0.6, 0.8, 4, 0.2)
+
+
+def test_a_report_re_rendered_from_older_metrics_does_not_claim_the_kept_sample_size():
+    """annotate import --blind re-renders every iteration's report.md from its metrics.json; one written before the
+    sample sizes were recorded (all generations' Self-BLEU then on task.report.self_bleu_sample texts) read 'a sample
+    of –, the kept sample's size'."""
+    m = dict(iteration=0, generator="g", next_model="n", n_prompts=4, n_generations=20, constraint_satisfaction_rate=0.5,
+             critic_model="c", critic_ap=0.9, delta=0.5, accepted_rate=0.25, kept_fraction=0.2, n_kept=4,
+             self_bleu_kept=0.5, self_bleu_all=0.9)
+    old = render_markdown(m, {}, [m], None)
+    assert "the kept sample's size" not in old and "| Self-BLEU of all generations (sample) | 0.900 |" in old
+    new = render_markdown(dict(m, self_bleu_kept_n=4, self_bleu_all_n=4), {}, [m], None)
+    assert "| Self-BLEU of all generations (a sample of 4, the kept sample's size) | 0.900 |" in new

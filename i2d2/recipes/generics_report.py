@@ -243,9 +243,13 @@ def render_markdown(m: Mapping, samples: Mapping[str, Sequence[Mapping]], hist: 
          f"{_fmt(m.get('heldout_critic_accepted_rate_proxy'))} / {_fmt(m.get('heldout_self_bleu'))}"),
         ("kept fraction (critic, constraints, repeated list items, de-dup, per-frame and per-concept caps)", m["kept_fraction"]),
         ("kept statements", m["n_kept"]),
-        (f"Self-BLEU of kept (a sample of {_fmt(m.get('self_bleu_kept_n'))})", m.get("self_bleu_kept")),
-        (f"Self-BLEU of all generations (a sample of {_fmt(m.get('self_bleu_all_n'))}, the kept sample's size)",
-         m.get("self_bleu_all")),
+        # metrics.json from before the sample sizes were recorded (re-rendered by annotate import --blind): all
+        # generations' sample was task.report.self_bleu_sample then, not the kept sample's size
+        *([(f"Self-BLEU of kept (a sample of {_fmt(m.get('self_bleu_kept_n'))})", m.get("self_bleu_kept")),
+           (f"Self-BLEU of all generations (a sample of {_fmt(m.get('self_bleu_all_n'))}, the kept sample's size)",
+            m.get("self_bleu_all"))] if m.get("self_bleu_all_n") is not None else
+          [("Self-BLEU of kept (sample)", m.get("self_bleu_kept")),
+           ("Self-BLEU of all generations (sample)", m.get("self_bleu_all"))]),
         ("unique kept generics, MnR Chapman estimate", m.get("unique_estimate")),
         ("… per concept (mean)", m.get("unique_per_concept")),
         # the fit's train_loss is its last epoch's mean (trainers.lm_finetune), not its final step's loss
