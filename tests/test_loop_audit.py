@@ -207,3 +207,25 @@ def test_generate_refuses_bad_arguments_naming_the_key(tmp_path, override, match
     cfg = make_cfg(tmp_path / "run", "generate.concepts=[violin]", override, name="generate")
     with pytest.raises(GenerateError, match=match):
         generate(cfg)
+
+
+def test_a_damaged_critic_marker_is_passed_over_as_a_missing_one_and_the_warning_says_no_more(tmp_path, monkeypatch,
+                                                                                               caplog):
+    """Past a damaged marker of iteration k-1 the search goes on to k-2's critic, as past a missing one, and may reuse
+    it; the warning said "training one for iteration k" whatever followed."""
+    from i2d2.io import write_json
+    from i2d2.recipes import generics
+
+    run = tmp_path / "run"
+    cfg = make_cfg(run, "iteration=2", "task.critic.refresh=never")
+    (run / "iter_1" / "critic").mkdir(parents=True)
+    (run / "iter_1" / "critic" / "_DONE.json").write_text("\x00{not json")
+    (run / "iter_0" / "critic" / "model").mkdir(parents=True)
+    write_json(run / "iter_0" / "critic" / "_DONE.json", {"summary": {"model_dir": "iter_0/critic/model",
+                                                                      "labels_fingerprint": "x", "reused_from": None}})
+    got = {}
+    monkeypatch.setattr(generics, "stage", lambda ranks, out, fp, fn, name, **kw: got.update(kw) or {})
+    with caplog.at_level("WARNING"):
+        generics.critic_stage(cfg, 2, run / "iter_2", "tiny:gpt2", _LM("tiny:gpt2"), None, generics.Ranks())
+    assert got == {"all_ranks": False}  # iteration 0's critic is reused, none trained
+    assert "iter_1" in caplog.text and "cannot be reused" in caplog.text and "training one" not in caplog.text

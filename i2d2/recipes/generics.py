@@ -571,8 +571,8 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
                 info = json.loads(marker.read_text())["summary"]
                 info.get("labels_fingerprint")
             except (ValueError, TypeError, KeyError, AttributeError):
-                log.warning("critic: %s is damaged: iteration %d's critic cannot be reused, training one for "
-                            "iteration %d", marker, j, k)
+                # an earlier iteration's critic may still be reused (as past a missing marker): the next lines say
+                log.warning("critic: %s is damaged: iteration %d's critic cannot be reused", marker, j)
                 continue
             if policy == "never" or info.get("labels_fingerprint") == labels_fp:
                 source = (j, info)
