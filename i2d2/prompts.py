@@ -292,17 +292,21 @@ def score_texts(model, tokenizer, texts: list[str], work_dir: Path, batch_size: 
     write_text(meta, fp)
     out = np.empty(len(texts))
     starts = range(0, len(texts), chunk)
-    bar = LoggedBar(total=len(texts), desc="prompt perplexity", unit="prompt", disable=not progress, logger=log)
-    for i, start in enumerate(starts):
-        part = work_dir / f"chunk-{i:05d}.npy"
-        if part.exists():
+    parts = [work_dir / f"chunk-{i:05d}.npy" for i in range(len(starts))]
+    done = [p.exists() for p in parts]
+    # chunks a killed run scored count as done before the bar starts (initial): its rate and time left are this
+    # run's, not inflated by the chunks read back in no time
+    bar = LoggedBar(total=len(texts), initial=sum(min(chunk, len(texts) - s) for s, d in zip(starts, done) if d),
+                    desc="prompt perplexity", unit="prompt", disable=not progress, logger=log)
+    for start, part, was_done in zip(starts, parts, done):
+        if was_done:
             out[start:start + chunk] = np.load(part)
-        else:
-            ppl = perplexity(model, tokenizer, texts[start:start + chunk], batch_size=batch_size, per=per)
-            with atomic_path(part) as tmp:
-                with open(tmp, "wb") as f:
-                    np.save(f, ppl)
-            out[start:start + chunk] = ppl
+            continue
+        ppl = perplexity(model, tokenizer, texts[start:start + chunk], batch_size=batch_size, per=per)
+        with atomic_path(part) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, ppl)
+        out[start:start + chunk] = ppl
         bar.update(min(chunk, len(texts) - start))
     bar.close()
     return out

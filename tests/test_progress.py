@@ -3,6 +3,7 @@
 import logging
 import re
 
+import numpy as np
 import pytest
 
 
@@ -42,3 +43,33 @@ def test_at_most_ten_lines_and_the_last_at_the_end(caplog, monkeypatch, total):
         assert list(progress.progress(range(total), desc="loop", disable=False)) == list(range(total))
     lines = _lines(caplog, "loop")
     assert 1 <= len(lines) <= min(total, 10) and f"{total}/{total} batches" in lines[-1]
+
+
+def test_resumed_prompt_perplexity_logs_this_runs_rate(tiny_gpt2, tmp_path, caplog, monkeypatch):
+    """P_0's prompt perplexity resumes from the chunks a killed run saved; those, read back in no time, counted as
+    this run's progress: the logged rate was inflated and the time left too short (generation passes them as the
+    bar's initial)."""
+    from i2d2 import progress
+    from i2d2.prompts import score_texts
+
+    texts = [f"Dogs can bark number {i}." for i in range(40)]
+    first = score_texts(*tiny_gpt2, texts, tmp_path / "w", batch_size=4, chunk=10, progress=False)
+    (tmp_path / "w" / "chunk-00003.npy").unlink()  # killed in the last chunk
+
+    class Clock:  # one second per reading of the clock
+        now = 0.0
+
+        @classmethod
+        def time(cls):
+            cls.now += 1.0
+            return cls.now
+
+    monkeypatch.setattr(progress, "time", Clock)
+    monkeypatch.setattr(progress, "MIN_SECONDS", 0.0)
+    with caplog.at_level(logging.INFO):
+        again = score_texts(*tiny_gpt2, texts, tmp_path / "w", batch_size=4, chunk=10, progress=True)
+    assert np.allclose(first, again)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prompt perplexity: ")]
+    assert len(lines) == 1 and "40/40 prompts" in lines[0], lines
+    rate, elapsed = re.search(r"([\d.]+) prompts/s, (\d+)s", lines[0]).groups()
+    assert float(rate) * float(elapsed) == pytest.approx(10, abs=0.5)  # the 10 prompts this run scored
