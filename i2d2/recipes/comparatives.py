@@ -447,11 +447,11 @@ def critic_fingerprint(cfg, ccfg: dict, paths: list[Path], perplexity_baseline: 
     is one as well: pairs sharing an entity sit on one side (``critics.data.split_groups``), and a critic split by pair
     alone (its test pairs shared entities with training ones) is trained again, not reported as never having seen
     its test entities."""
-    from critics.train import fingerprint_view
+    from critics.train import FIT_ARGS, fingerprint_view
     from i2d2.lightning_setup import fit_settings
 
     ppl = [{"perplexity_baseline": lm_key or "generator"}] if perplexity_baseline else []
-    return fingerprint(fingerprint_view(ccfg), *paths, fit_settings(cfg.trainer), *ppl, "split-by-entity")
+    return fingerprint(fingerprint_view(ccfg), *paths, fit_settings(cfg.trainer, FIT_ARGS), *ppl, "split-by-entity")
 
 
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None,
