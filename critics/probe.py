@@ -24,9 +24,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from i2d2.progress import progress as progress_log
 
 from i2d2.lightning_setup import resolve_device
+from i2d2.progress import progress as progress_log
 
 log = logging.getLogger(__name__)
 

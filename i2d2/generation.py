@@ -20,11 +20,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from i2d2.progress import LoggedBar
-
 from i2d2.config import plain
 from i2d2.io import DataError, atomic_dir, atomic_path, file_digest, fingerprint, read_jsonl, read_table, write_arrow, write_json, \
     write_jsonl, write_text
+from i2d2.progress import LoggedBar
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +121,6 @@ def _check_fingerprint(out_dir: Path, fp: str, may_clean: bool) -> None:
     write_text(marker, fp + "\n")
 
 
-PROGRESS_LINES = 10  # log lines per rank over a generation stage (one each tenth of its prompts)
-
-
 def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding_cfg: dict, tracker=None,
                    shard_size: int = 64, rank: int | None = None, world_size: int | None = None,
                    sample_rows: int = 20, model_key=None) -> dict:
@@ -190,8 +186,7 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
     decoder = NeuroLogicDecoder(model, tokenizer, config) if todo else None
     # progress lines reach the log file too (a terminal's bar does not): hours at the paper's scale
     bar = LoggedBar(total=n_mine, initial=n_done, unit="prompt", desc=f"generate [rank {rank}/{world}]",
-                    position=rank if world > 1 else None, dynamic_ncols=True, logger=log, lines=PROGRESS_LINES,
-                    min_seconds=0.0)
+                    position=rank if world > 1 else None, dynamic_ncols=True, logger=log, min_seconds=0.0)
     t_call, n_call = time.time(), 0
     for i in todo:
         chunk = prompts[i * shard_size:(i + 1) * shard_size]

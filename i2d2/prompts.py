@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from i2d2.progress import LoggedBar
 
 from i2d2.concepts import Concept, load_concepts, load_phrases, resolve_path, validate_concept
 from i2d2.io import DataError, atomic_path, fingerprint, write_json, write_text
+from i2d2.progress import LoggedBar
 
 log = logging.getLogger(__name__)
 

@@ -278,7 +278,7 @@ def test_generation_progress_reaches_the_log_not_only_the_bar(tmp_path, tiny_gpt
     import logging
     import re
 
-    from i2d2 import generation
+    from i2d2 import generation, progress as logged_progress
 
     def progress():
         return [r.getMessage() for r in caplog.records
@@ -291,7 +291,7 @@ def test_generation_progress_reaches_the_log_not_only_the_bar(tmp_path, tiny_gpt
     assert [re.search(r"(\d+)/10 prompts", m).group(1) for m in lines] == ["3", "6", "9", "10"]
     assert "(100%)" in lines[-1] and "prompts/s" in lines[-1]
     caplog.clear()
-    monkeypatch.setattr(generation, "PROGRESS_LINES", 2)  # bounded: one prompt a shard, two lines
+    monkeypatch.setattr(logged_progress, "LINES", 2)  # bounded: one prompt a shard, two lines
     with caplog.at_level(logging.INFO, logger="i2d2.generation"):
         generation.generate_stage(*tiny_gpt2, prompts_file, tmp_path / "b", DECODING, shard_size=1)
     assert [re.search(r"(\d+)/10 prompts", m).group(1) for m in progress()] == ["5", "10"]

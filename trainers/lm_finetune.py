@@ -27,8 +27,8 @@ from torch.utils.data import Dataset
 
 from i2d2.io import atomic_dir
 from i2d2.models import apply_lora
-from i2d2.lightning_setup import (ModelCheckpoint, adamw_param_groups, build_trainer, check_trainer_cfg, full_weights,  # noqa: E501
-                                  plain, resume_checkpoint, world_size_of, optimizer_steps)
+from i2d2.lightning_setup import (ModelCheckpoint, adamw_param_groups, build_trainer, check_trainer_cfg, full_weights,
+                                  optimizer_steps, plain, resume_checkpoint, world_size_of)
 from i2d2.schemas import FinetuneConfig, fill
 from i2d2.resume import (EpochMeanLoss, EpochProgress, ResumableBatchSampler, ResumeState,  # noqa: F401 (re-exported)
                          batches_per_rank, resumable_loader, seed_fit)

@@ -17,8 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from i2d2.lightning_setup import fit_settings
-from i2d2.lightning_setup import plain as _c  # config node -> plain dicts/lists
+from i2d2.lightning_setup import fit_settings, plain as _c  # plain: config node -> plain dicts/lists
 from i2d2.io import DataError, fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
     write_jsonl, write_text
 from i2d2.tracking import Tracker, publish_report, tracked_run
@@ -131,9 +130,8 @@ TRAIN_FIT_ARGS = ("max_steps", "max_epochs", "callbacks", "logger", "default_roo
 
 
 def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
-    from i2d2.lightning_setup import ModelCheckpoint  # resumable in a run folder that moved
-
-    from i2d2.lightning_setup import build_trainer, full_weights, resume_checkpoint
+    # lightning_setup's ModelCheckpoint: resumable in a run folder that moved
+    from i2d2.lightning_setup import ModelCheckpoint, build_trainer, full_weights, resume_checkpoint
     from i2d2.models import load_causal_lm
     from i2d2.negverse.model import NegVerseLM
     from i2d2.resume import EpochProgress, ResumeState
