@@ -289,24 +289,65 @@ def write_csv(path: str | os.PathLike, rows: list[dict], columns: list[str] | No
 
 # ----------------------------------------------------------------------------- stage bookkeeping
 
-def fingerprint(*parts: Any) -> str:
-    """A stable hash of configs (dicts, strings) and input files (Path objects hash their content)."""
+class Fingerprint(str):
+    """A fingerprint's hex, the str every caller compares and stores, carrying a description of each part
+    (``parts``: see ``fingerprint``). The stage markers record it beside the hex so that a redo can say which input
+    changed; a str subclass so that the hash and every caller stay as they were (run folders keep their markers)."""
+
+    def __new__(cls, hexdigest: str, parts: list | None = None):  # parts optional: pickle rebuilds from the hex
+        self = super().__new__(cls, hexdigest)
+        self.parts = parts
+        return self
+
+
+SMALL_PART = 4096  # a config part up to this many characters of JSON is recorded as is, a larger one by its digest
+
+
+def fingerprint(*parts: Any) -> Fingerprint:
+    """A stable hash of configs (dicts, strings) and input files (Path objects hash their content).
+
+    ``.parts`` describes each part, for ``prepare_stage`` to name the one that changed: ``{"value": ...}`` for a
+    small config, ``{"digest": ...}`` for a large one, ``{"path": ..., "digest": ...}`` for a file or folder (digest
+    None: missing), ``{"fingerprint": ..., "parts": [...]}`` for an earlier fingerprint used as a part."""
     h = hashlib.sha256()
+    described = []
     for p in parts:
         if isinstance(p, Path):
-            if p.is_dir():
-                for q in sorted(p.rglob("*")):
-                    if q.is_file() and not q.name.startswith("."):
-                        h.update(str(q.relative_to(p)).encode())
-                        h.update(file_digest(q).encode())
-            elif p.exists():
-                h.update(file_digest(p).encode())
-            else:
-                h.update(b"<missing>")
+            data, digest = _path_part(p)
+            h.update(data)
+            described.append({"path": str(p), "digest": digest})
         else:
-            h.update(json.dumps(p, sort_keys=True, default=str).encode())
+            text = json.dumps(p, sort_keys=True, default=str)
+            h.update(text.encode())
+            described.append(_describe(p, text))
         h.update(b"\x00")
-    return h.hexdigest()[:16]
+    return Fingerprint(h.hexdigest()[:16], described)
+
+
+def _path_part(p: Path) -> tuple[bytes, str | None]:
+    """What a Path part adds to a fingerprint (its file's SHA-256, or a folder's name + SHA-256 of every file in it,
+    dot files left out), and the digest recorded for it: the file's own SHA-256 (as ``sha256sum`` prints it) or
+    one of the folder's list, cut to 16 hex digits; None when it is missing."""
+    if p.is_dir():
+        data = b"".join(str(q.relative_to(p)).encode() + file_digest(q).encode()
+                        for q in sorted(p.rglob("*")) if q.is_file() and not q.name.startswith("."))
+        return data, _digest(data)
+    if p.exists():
+        digest = file_digest(p)
+        return digest.encode(), digest[:16]
+    return b"<missing>", None
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _describe(p: Any, text: str) -> dict:
+    if isinstance(p, Fingerprint) and p.parts is not None:
+        return {"fingerprint": str(p), "parts": p.parts}
+    if len(text) <= SMALL_PART:
+        return {"value": json.loads(text)}
+    return {"digest": _digest(text.encode())}
 
 
 def model_fingerprint(name: str) -> str:
@@ -475,7 +516,7 @@ def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None,
         found = _output_files(extra) if extra.is_dir() else [("", extra)] if extra.is_file() else []
         files += [(Path(os.path.relpath(p, out_dir)).as_posix(), p) for _, p in found]
     outputs = {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for rel, p in files}
-    write_json(out_dir / DONE, {"fingerprint": fp, "summary": summary or {}, "outputs": outputs})
+    write_json(out_dir / DONE, {**_fingerprint_record(fp), "summary": summary or {}, "outputs": outputs})
 
 
 def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | None], name: str = "",
@@ -505,23 +546,38 @@ def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | N
 
 def stage_fingerprint(out_dir: Path) -> str | None:
     """The fingerprint of the work in ``out_dir`` (started or finished), None for an empty/new folder."""
+    return _stage_marker(out_dir)[0]
+
+
+def _stage_marker(out_dir: Path) -> tuple[str | None, dict]:
+    """(fingerprint, marker) of the work in ``out_dir``: ``_STARTED`` first, else ``_DONE``; (None, {}) for none."""
     for marker in (STARTED, DONE):
         try:
-            return json.loads((out_dir / marker).read_text()).get("fingerprint")
+            info = json.loads((out_dir / marker).read_text())
         except FileNotFoundError:
             continue
         except ValueError:  # a damaged marker: the work it describes cannot be trusted
-            return "<damaged>"
-    return None
+            return "<damaged>", {}
+        return info.get("fingerprint"), info
+    return None, {}
+
+
+def _fingerprint_record(fp: str) -> dict:
+    """What a marker records of ``fp``: the hex, and its parts' descriptions when ``fp`` came from ``fingerprint``."""
+    parts = getattr(fp, "parts", None)
+    return {"fingerprint": str(fp), **({"parts": parts} if parts is not None else {})}
 
 
 def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str | os.PathLike] = ()) -> None:
     """Make ``out_dir`` ready for (re)running a stage with fingerprint ``fp``: work from other inputs, config or
-    format version is removed (partial work with the same ``fp`` is kept to resume from), then ``_STARTED``."""
+    format version is removed (partial work with the same ``fp`` is kept to resume from), then ``_STARTED``.
+    The log line of a redo names the inputs that changed (``redo_reason``)."""
     out_dir = Path(out_dir)
-    old = stage_fingerprint(out_dir)
+    old, info = _stage_marker(out_dir)
     if old is not None and old != fp:
-        log.info("stage %s: inputs changed, redoing it (removing %s)", name or out_dir.name, out_dir)
+        reason = redo_reason(info, fp) if old != "<damaged>" else ""
+        log.info("stage %s: inputs changed%s, redoing it (removing %s)", name or out_dir.name,
+                 f" ({reason})" if reason else "", out_dir)
         shutil.rmtree(out_dir)
     for extra in map(Path, outputs) if old != fp else ():  # resuming this very work keeps what it wrote
         if extra.exists() or extra.is_symlink():
@@ -530,7 +586,90 @@ def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str 
             shutil.rmtree(extra) if extra.is_dir() and not extra.is_symlink() else extra.unlink()
     _remove_leftover_temps(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / STARTED, {"fingerprint": fp})
+    write_json(out_dir / STARTED, _fingerprint_record(fp))
+
+
+MAX_CHANGES = 5  # the changes a redo's log line lists (then "and N more"): one line, whatever changed
+
+
+def redo_reason(marker: dict, fp: str) -> str:
+    """Which of ``fp``'s parts differ from those the earlier run recorded in ``marker``, for the log line of a redo:
+    ``part 1.5 config: delta null -> 0.5; part 2 file .../table: content changed``. Part numbers count from 1, a dot
+    goes into an earlier fingerprint used as a part. Only what the hash holds is compared (a file's content, not
+    its path: a run folder can move), and a marker that does not say gives no reason rather than a wrong one."""
+    new = getattr(fp, "parts", None)
+    if new is None:  # a fingerprint made by hand (a test's "fp"): nothing to compare with
+        return ""
+    old = marker.get("parts") if isinstance(marker, dict) else None
+    if not isinstance(old, list):  # a run folder from before the markers recorded parts
+        return "the earlier run recorded no input details"
+    if len(old) != len(new):  # another version of the code: a part added (a format version) or dropped
+        return f"the stage's inputs are now {len(new)} parts, were {len(old)}"
+    try:
+        changes = _part_changes(old, new, "part ")
+    except (TypeError, KeyError, AttributeError):  # a marker edited by hand into another shape
+        return ""
+    groups: dict[str, list[str]] = {}
+    for at, what in changes[:MAX_CHANGES]:
+        groups.setdefault(at, []).append(what)
+    text = "; ".join(f"{at}: {', '.join(whats)}" for at, whats in groups.items())
+    more = len(changes) - MAX_CHANGES
+    return text + (f"; and {more} more" if more > 0 else "")
+
+
+def _part_changes(old: list, new: list, at: str) -> list[tuple[str, str]]:
+    """(which part, what changed) for each part whose hashed content differs."""
+    changes = []
+    for i, (o, n) in enumerate(zip(old, new), 1):
+        where = f"{at}{i}"
+        if not isinstance(o, dict):
+            raise TypeError(f"{o!r} is not a part description")
+        if "parts" in o and "parts" in n:  # an earlier fingerprint: say which of its own parts changed
+            if o["fingerprint"] == n["fingerprint"]:
+                continue
+            if isinstance(o["parts"], list) and len(o["parts"]) == len(n["parts"]):
+                changes += _part_changes(o["parts"], n["parts"], where + ".")
+            else:
+                changes.append((where, f"its inputs are now {len(n['parts'])} parts, were {len(o['parts'])}"))
+        elif "path" in o and "path" in n:
+            if o["digest"] != n["digest"]:
+                what = "now missing" if n["digest"] is None else "new" if o["digest"] is None else "content changed"
+                changes.append((f"{where} file {_shorten(n['path'], 60, tail=True)}", what))
+        elif "value" in o and "value" in n:
+            ov, nv = o["value"], n["value"]
+            label = where + (" config" if isinstance(ov, dict) and isinstance(nv, dict) else "")
+            changes += [(label, c) for c in _value_changes(ov, nv, "")]
+        elif o != n:  # a large config (digest only), or a part of another kind than before
+            changes.append((where, "changed" if "digest" in o and "digest" in n else "changed (another kind of input)"))
+    return changes
+
+
+_ABSENT = object()
+
+
+def _value_changes(old: Any, new: Any, key: str) -> list[str]:
+    """``key old -> new`` for each differing leaf: dotted keys into dicts, lists whole, long values cut."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(old) | set(new))
+                for c in _value_changes(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}" if key else k)]
+    if old is not _ABSENT and new is not _ABSENT and _json(old) == _json(new):  # JSON: 1 and 1.0 or true differ
+        return []
+    change = f"{_show(old)} -> {_show(new)}"
+    return [f"{_shorten(key, 60, tail=True)} {change}" if key else change]
+
+
+def _json(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, ensure_ascii=False)
+
+
+def _show(v: Any) -> str:
+    return "absent" if v is _ABSENT else _shorten(_json(v), 40)
+
+
+def _shorten(text: str, n: int, tail: bool = False) -> str:
+    if len(text) <= n:
+        return text
+    return "..." + text[-(n - 3):] if tail else text[:n - 3] + "..."
 
 
 def _remove_leftover_temps(out_dir: Path, name: str = "") -> None:
