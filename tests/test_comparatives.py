@@ -159,6 +159,96 @@ def test_dedup_with_minilm_merges_paraphrases():
     assert sorted(out.index) == [1, 2, 3]
 
 
+@pytest.fixture(scope="module")
+def minilm():
+    from i2d2.models import load_sentence_encoder
+
+    return load_sentence_encoder()
+
+
+@pytest.fixture(scope="module")
+def rule(wl):
+    from critics.contradiction import load_contradiction_scorer
+
+    return load_contradiction_scorer("offline", scales=wl.scales, comparatives=wl.comparatives)
+
+
+def test_split_contradictions_moves_opposites_of_the_best_member_greedily():
+    # one cluster of four, best first: 1 contradicts 0 (moved), 2 contradicts only 1 (stays with 0), 3 contradicts
+    # 0 and 1 (moved, then moved again from 1's new cluster); another cluster of one is left alone
+    c = np.zeros((5, 5), dtype=bool)
+    for i, j in ((0, 1), (1, 2), (0, 3), (1, 3)):
+        c[i, j] = c[j, i] = True
+    out = F.split_contradictions(np.array([0, 0, 0, 0, 1]), c, np.array([4.0, 3.0, 2.0, 1.0, 0.0]))
+    assert out[0] == out[2] and len({out[0], out[1], out[3], out[4]}) == 4
+
+
+def test_dedup_keeps_opposites_within_the_embedding_threshold_apart_with_the_rule(minilm, rule):
+    """MiniLM puts "larger" and "smaller" within 0.15: without the split only the better-scored reached the
+    contradiction filter. A paraphrase of the best one (entailment, no contradiction) still merges."""
+    texts = ["are generally larger.", "are generally smaller.", "are typically larger."]
+    df = _gens([("a", t, s, None, None, None) for t, s in zip(texts, [-1.0, -1.2, -1.5])])
+    emb = minilm.encode(texts, normalize_embeddings=True)
+    assert float(1 - emb[0] @ emb[1]) < 0.15  # the case the split is for
+    assert sorted(F.dedup(df, emb, 0.15).index) == [0]
+    assert sorted(F.dedup(df, emb, 0.15, scorer=rule).index) == [0, 1]
+
+
+def test_dedup_with_the_rule_still_merges_paraphrases(minilm, rule):
+    texts = ["are typically cheaper to buy.", "are typically cheaper to purchase.",
+             "generally have fewer moving parts.", "can often carry more passengers."]
+    df = _gens([("a", t, s, None, None, None) for t, s in zip(texts, [-1.0, -0.8, -1.2, -1.5])])
+    emb = minilm.encode(texts, normalize_embeddings=True)
+    assert sorted(F.dedup(df, emb, 0.15, scorer=rule).index) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("split, kept", [(True, [0, 1]), (False, [0])])
+def test_the_dedup_stage_reads_split_contradictions(monkeypatch, wl, split, kept):
+    from omegaconf import OmegaConf
+
+    import i2d2.models
+    from i2d2.recipes.comparatives import _dedup_fn
+
+    class Same:  # every statement at one point: one cluster unless the rule splits it
+        def encode(self, texts, **_):
+            return np.ones((len(texts), 2), dtype=np.float32) / np.sqrt(2)
+
+    monkeypatch.setattr(i2d2.models, "load_sentence_encoder", lambda *a, **k: Same())
+    fcfg = OmegaConf.create({"encoder": "packaged:minilm", "distance_threshold": 0.15, "linkage": "average",
+                             "batch_size": 8, "split_contradictions": split})
+    df = _gens([("a", "are generally cheaper.", -1.0, None, None, None),
+                ("a", "are generally more expensive.", -2.0, None, None, None)])
+    assert sorted(_dedup_fn(fcfg, wl)(df).index) == kept
+
+
+def test_split_contradictions_is_a_typed_key_in_the_dedup_fingerprint(monkeypatch):
+    from hydra import compose, initialize_config_dir
+
+    from critics.contradiction import ComparativeDirectionScorer
+    from i2d2.config import CONF_DIR, ConfigTypeError, check_keys
+    from i2d2.io import fingerprint
+    from i2d2.recipes.comparatives import _fingerprinted_cfg
+
+    def cfg(*overrides):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            return compose("train", overrides=["model=tiny_gpt2", "critic=tiny", "logger=none", "task=comparatives",
+                                               *overrides])
+
+    assert cfg().task.filters.dedup.split_contradictions is True
+    with pytest.raises(ConfigTypeError, match=r"task\.filters\.dedup\.split_contradictions='maybe' \(expected true"):
+        check_keys(cfg("task.filters.dedup.split_contradictions=maybe"))
+    check_keys(cfg("experiment=paper_comparatives"))
+    assert cfg("experiment=paper_comparatives").task.filters.dedup.split_contradictions is False
+
+    def fp(split):
+        return fingerprint(_fingerprinted_cfg("dedup", {"distance_threshold": 0.15, "split_contradictions": split}))
+
+    on, off = fp(True), fp(False)
+    assert on != off
+    monkeypatch.setattr(ComparativeDirectionScorer, "REVISION", "another-reading", raising=False)
+    assert fp(True) != on and fp(False) == off  # the rule's reading decides the split only when it splits
+
+
 def test_constraint_groups_keep_the_best_score_per_aux_adverb_comparative():
     df = _gens([("a", "are typically cheaper.", -1.0, "are", "typically", "cheaper"),
                 ("a", "are typically cheaper to run.", -0.7, "are", "typically", "cheaper"),

@@ -105,16 +105,69 @@ def cluster_labels(embeddings: np.ndarray, groups: np.ndarray, distance_threshol
     return labels
 
 
+def _heads(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Per row, the position of its cluster's best-scored row (first on ties, as ``best_per_group``)."""
+    order = np.lexsort((np.arange(len(labels)), -scores, labels))
+    uniq, first = np.unique(labels[order], return_index=True)
+    return order[first][np.searchsorted(uniq, labels)]
+
+
+def split_contradictions(labels: np.ndarray, contradicts: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Cluster ids of one pair's rows with every member that contradicts its cluster's best-scored member moved
+    to a new cluster of its own kind (one per old cluster); repeated on the moved rows, so that no surviving head
+    is a merged-away opposite of another. ``contradicts``: the pair's symmetric boolean contradiction matrix.
+    Embeddings put "are larger." and "are smaller." within the dedup distance; without this only the better-scored
+    of the two reached the contradiction filter, true or not."""
+    labels, scores = np.asarray(labels).copy(), np.asarray(scores, dtype=float)
+    todo = np.arange(len(labels))
+    while len(todo) > 1:  # each round settles every todo cluster's head: at most one round per row
+        heads = todo[_heads(labels[todo], scores[todo])]
+        off = contradicts[todo, heads]
+        if not off.any():
+            break
+        labels[todo[off]] += labels.max() + 1  # distinct old ids stay distinct after the shift
+        todo = todo[off]
+    return labels
+
+
+def contradiction_mask(C: np.ndarray, c_threshold: float = 0.99) -> np.ndarray:
+    """Which ordered pairs contradict, either direction at or above the threshold (diagonal False)."""
+    c = (C >= c_threshold) | (C.T >= c_threshold)
+    np.fill_diagonal(c, False)
+    return c
+
+
+def _split_by_scorer(df: pd.DataFrame, labels: np.ndarray, scorer, c_threshold: float, group_col: str,
+                     score_col: str, text_col: str) -> np.ndarray:
+    """``split_contradictions`` per pair, scoring only the rows of clusters with more than one member."""
+    labels = labels.copy()
+    shared = pd.Series(labels).duplicated(keep=False).to_numpy()
+    texts, scores = df[text_col].astype(str).tolist(), df[score_col].to_numpy(dtype=float)
+    codes, _ = pd.factorize(df[group_col])
+    for g in np.unique(codes[shared]):  # only a merge can hide an opposite
+        rows = np.flatnonzero(shared & (codes == g))
+        c = contradiction_mask(scorer.matrix([texts[i] for i in rows])[0], c_threshold)
+        local = split_contradictions(labels[rows], c, scores[rows])
+        moved = local != labels[rows]
+        labels[rows[moved]] = labels.max() + 1 + local[moved]  # fresh global ids
+    return labels
+
+
 def dedup(df: pd.DataFrame, embeddings: np.ndarray, distance_threshold: float = 0.15, linkage: str = "average",
-          group_col: str = "pair_id", score_col: str = "score") -> pd.DataFrame:
-    """§2.3.1: cluster near-duplicate statements of each pair, keep the best-S one per cluster."""
+          group_col: str = "pair_id", score_col: str = "score", scorer=None, c_threshold: float = 0.99,
+          text_col: str = "text") -> pd.DataFrame:
+    """§2.3.1: cluster near-duplicate statements of each pair, keep the best-S one per cluster. With a contradiction
+    ``scorer`` (the offline lexicon rule) a cluster's members that contradict its best one are split off
+    (``split_contradictions``), so that both sides reach the contradiction filter (§2.3.3), which can weigh them."""
     if df.empty:
         return df.assign(cluster=pd.Series(dtype=np.int64))
     if len(embeddings) != len(df):
         raise ValueError(f"dedup: {len(embeddings)} embeddings for {len(df)} rows")
-    out = df.assign(cluster=cluster_labels(np.asarray(embeddings, dtype=np.float32), df[group_col].to_numpy(),
-                                           distance_threshold, linkage))
-    return best_per_group(out, ["cluster"], score_col)
+    labels = cluster_labels(np.asarray(embeddings, dtype=np.float32), df[group_col].to_numpy(), distance_threshold,
+                            linkage)
+    if scorer is not None:
+        labels = _split_by_scorer(df, labels, scorer, c_threshold, group_col, score_col, text_col)
+    return best_per_group(df.assign(cluster=labels), ["cluster"], score_col)
 
 
 # ----------------------------------------------------------------------------- 2. constraint groups
@@ -149,9 +202,8 @@ def contradiction_counts(C: np.ndarray, E: np.ndarray, c_threshold: float = 0.99
                          ) -> tuple[np.ndarray, np.ndarray]:
     """Per statement: how many others it contradicts / agrees with (either direction of the pair, probability
     at or above the threshold; a pair that passes both counts as a contradiction)."""
-    c = (C >= c_threshold) | (C.T >= c_threshold)
+    c = contradiction_mask(C, c_threshold)
     e = ((E >= e_threshold) | (E.T >= e_threshold)) & ~c
-    np.fill_diagonal(c, False)
     np.fill_diagonal(e, False)
     return c.sum(1), e.sum(1)
 

@@ -342,7 +342,11 @@ def candidates(gen_rows: list[dict], first_sentence: bool = True, at_clause: boo
 def _fingerprinted_cfg(name: str, stage_cfg: dict) -> dict:
     """What of a filter's config decides its output: the contradiction scorer's cache folder is a location (often
     under run_dir), not an input, and a cross-encoder block is irrelevant unless that scorer is chosen; fingerprinting
-    them would redo the stage after a run folder moves."""
+    them would redo the stage after a run folder moves. A dedup that splits opposites reads the lexicon rule too."""
+    if name == "dedup" and stage_cfg.get("split_contradictions"):  # the lexicon rule's reading decides the split
+        from critics.contradiction import ComparativeDirectionScorer
+
+        return {**stage_cfg, "offline_rule": ComparativeDirectionScorer.reading()}
     if name != "contradiction":
         return stage_cfg
     cfg = {k: v for k, v in stage_cfg.items() if k != "cross_encoder"}
@@ -374,14 +378,19 @@ def _filter_stage(name: str, in_path: Path, out_dir: Path, fp_cfg, fn, tracker=N
     return summary
 
 
-def _dedup_fn(fcfg):
+def _dedup_fn(fcfg, wl):
     def fn(df):
+        from critics.contradiction import load_contradiction_scorer
         from i2d2.models import load_sentence_encoder
 
         enc = load_sentence_encoder(fcfg.encoder)
         emb = enc.encode(df["text"].tolist(), batch_size=int(fcfg.batch_size), normalize_embeddings=True,
                          show_progress_bar=len(df) > 256, convert_to_numpy=True)
-        return F.dedup(df, emb, float(fcfg.distance_threshold), fcfg.linkage)
+        # opposites ("are larger." / "are smaller.") embed within the distance: the lexicon rule (whatever scorer
+        # the contradiction filter uses, this one is offline and 0/1) keeps them apart for that filter to weigh
+        scorer = load_contradiction_scorer("offline", scales=wl.scales, comparatives=wl.comparatives) \
+            if fcfg.split_contradictions else None
+        return F.dedup(df, emb, float(fcfg.distance_threshold), fcfg.linkage, scorer=scorer)
     return fn
 
 
@@ -580,7 +589,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     cand_path = fdir / "candidates" / "kept.jsonl"
 
     fcfg = task.filters
-    stage_fns = {"dedup": _dedup_fn(fcfg.dedup), "groups": _groups_fn(fcfg.groups),
+    stage_fns = {"dedup": _dedup_fn(fcfg.dedup, wl), "groups": _groups_fn(fcfg.groups),
                  "contradiction": _contradiction_fn(fcfg.contradiction, wl, resolve_device(cfg.trainer),
                                                     cfg.get("trainer"))}
     prev = cand_path
