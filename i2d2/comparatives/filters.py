@@ -113,9 +113,9 @@ def _heads(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
 
 
 def split_contradictions(labels: np.ndarray, contradicts: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """Cluster ids of one pair's rows with every member that contradicts its cluster's best-scored member moved
-    to a new cluster of its own kind (one per old cluster); repeated on the moved rows, so that no surviving head
-    is a merged-away opposite of another. ``contradicts``: the pair's symmetric boolean contradiction matrix.
+    """Cluster ids of one pair's rows where the members that contradict their cluster's best-scored member move
+    together to a new cluster (one per old cluster), and so on within the moved rows: no cluster's best member is
+    contradicted by a member merged into it. ``contradicts``: the pair's symmetric boolean contradiction matrix.
     Embeddings put "are larger." and "are smaller." within the dedup distance; without this only the better-scored
     of the two reached the contradiction filter, true or not."""
     labels, scores = np.asarray(labels).copy(), np.asarray(scores, dtype=float)
