@@ -234,7 +234,7 @@ def test_split_contradictions_is_a_typed_key_in_the_dedup_fingerprint(monkeypatc
             return compose("train", overrides=["model=tiny_gpt2", "critic=tiny", "logger=none", "task=comparatives",
                                                *overrides])
 
-    assert cfg().task.filters.dedup.split_contradictions is True
+    assert cfg().task.filters.dedup.split_contradictions is False  # measured: no gain, more contradictions kept
     with pytest.raises(ConfigTypeError, match=r"task\.filters\.dedup\.split_contradictions='maybe' \(expected true"):
         check_keys(cfg("task.filters.dedup.split_contradictions=maybe"))
     check_keys(cfg("experiment=paper_comparatives"))
@@ -245,6 +245,8 @@ def test_split_contradictions_is_a_typed_key_in_the_dedup_fingerprint(monkeypatc
 
     on, off = fp(True), fp(False)
     assert on != off
+    # off, the default: the fingerprint of a run made before the key existed
+    assert off == fingerprint(_fingerprinted_cfg("dedup", {"distance_threshold": 0.15}))
     monkeypatch.setattr(ComparativeDirectionScorer, "REVISION", "another-reading", raising=False)
     assert fp(True) != on and fp(False) == off  # the rule's reading decides the split only when it splits
 

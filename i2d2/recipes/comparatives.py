@@ -343,7 +343,10 @@ def _fingerprinted_cfg(name: str, stage_cfg: dict) -> dict:
     """What of a filter's config decides its output: the contradiction scorer's cache folder is a location (often
     under run_dir), not an input, and a cross-encoder block is irrelevant unless that scorer is chosen; fingerprinting
     them would redo the stage after a run folder moves. A dedup that splits opposites reads the lexicon rule too."""
-    if name == "dedup" and stage_cfg.get("split_contradictions"):  # the lexicon rule's reading decides the split
+    if name == "dedup":  # the lexicon rule's reading decides a split; off (the default), runs from before the key
+        # existed keep their fingerprint
+        if not stage_cfg.get("split_contradictions"):
+            return {k: v for k, v in stage_cfg.items() if k != "split_contradictions"}
         from critics.contradiction import ComparativeDirectionScorer
 
         return {**stage_cfg, "offline_rule": ComparativeDirectionScorer.reading()}
