@@ -516,7 +516,7 @@ def mark_done(out_dir: str | os.PathLike, fp: str, summary: dict | None = None,
         found = _output_files(extra) if extra.is_dir() else [("", extra)] if extra.is_file() else []
         files += [(Path(os.path.relpath(p, out_dir)).as_posix(), p) for _, p in found]
     outputs = {rel: {"size": p.stat().st_size, "sha256": file_digest(p)} for rel, p in files}
-    write_json(out_dir / DONE, {**_fingerprint_record(fp), "summary": summary or {}, "outputs": outputs})
+    write_json(out_dir / DONE, {**_fingerprint_record(fp, out_dir), "summary": summary or {}, "outputs": outputs})
 
 
 def run_stage(out_dir: str | os.PathLike, fp: str, fn: Callable[[Path], dict | None], name: str = "",
@@ -562,10 +562,25 @@ def _stage_marker(out_dir: Path) -> tuple[str | None, dict]:
     return None, {}
 
 
-def _fingerprint_record(fp: str) -> dict:
+def _fingerprint_record(fp: str, out_dir: Path) -> dict:
     """What a marker records of ``fp``: the hex, and its parts' descriptions when ``fp`` came from ``fingerprint``."""
     parts = getattr(fp, "parts", None)
-    return {"fingerprint": str(fp), **({"parts": parts} if parts is not None else {})}
+    return {"fingerprint": str(fp), **({"parts": _portable(parts, out_dir)} if parts is not None else {})}
+
+
+def _portable(parts: list, out_dir: Path) -> list:
+    """``parts`` with the path of an input in the run relative to the stage folder (``../generations/table``): a run
+    folder records no path of where it lies, so that it can be moved and continued (``run_relative``). "In the run":
+    at most three folders up (stage folders lie at most three deep in a run); anything else as given."""
+    described = []
+    for d in parts:
+        if "path" in d:
+            rel = os.path.relpath(os.path.abspath(d["path"]), os.path.abspath(out_dir))
+            d = {**d, "path": d["path"] if (rel + os.sep).startswith((".." + os.sep) * 4) else Path(rel).as_posix()}
+        elif "parts" in d:
+            d = {**d, "parts": _portable(d["parts"], out_dir)}
+        described.append(d)
+    return described
 
 
 def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str | os.PathLike] = ()) -> None:
@@ -574,8 +589,9 @@ def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str 
     The log line of a redo names the inputs that changed (``redo_reason``)."""
     out_dir = Path(out_dir)
     old, info = _stage_marker(out_dir)
+    record = _fingerprint_record(fp, out_dir)
     if old is not None and old != fp:
-        reason = redo_reason(info, fp) if old != "<damaged>" else ""
+        reason = redo_reason(info, record) if old != "<damaged>" else ""
         log.info("stage %s: inputs changed%s, redoing it (removing %s)", name or out_dir.name,
                  f" ({reason})" if reason else "", out_dir)
         shutil.rmtree(out_dir)
@@ -586,18 +602,19 @@ def prepare_stage(out_dir: Path, fp: str, name: str = "", outputs: Iterable[str 
             shutil.rmtree(extra) if extra.is_dir() and not extra.is_symlink() else extra.unlink()
     _remove_leftover_temps(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / STARTED, _fingerprint_record(fp))
+    write_json(out_dir / STARTED, record)
 
 
 MAX_CHANGES = 5  # the changes a redo's log line lists (then "and N more"): one line, whatever changed
 
 
-def redo_reason(marker: dict, fp: str) -> str:
-    """Which of ``fp``'s parts differ from those the earlier run recorded in ``marker``, for the log line of a redo:
-    ``part 1.5 config: delta null -> 0.5; part 2 file .../table: content changed``. Part numbers count from 1, a dot
+def redo_reason(marker: dict, record: dict) -> str:
+    """Which parts of the fingerprint in ``record`` (the new marker's) differ from those the earlier run recorded in
+    ``marker``, for the log line of a redo: ``part 1.5 config: delta null -> 0.5; part 1.2 file ../generations/table:
+    content changed``. Part numbers count from 1, a dot
     goes into an earlier fingerprint used as a part. Only what the hash holds is compared (a file's content, not
     its path: a run folder can move), and a marker that does not say gives no reason rather than a wrong one."""
-    new = getattr(fp, "parts", None)
+    new = record.get("parts")
     if new is None:  # a fingerprint made by hand (a test's "fp"): nothing to compare with
         return ""
     old = marker.get("parts") if isinstance(marker, dict) else None

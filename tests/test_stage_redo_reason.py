@@ -4,6 +4,7 @@ part descriptions the stage markers record beside the fingerprint; the fingerpri
 import json
 import logging
 import pickle
+from pathlib import Path
 
 from i2d2 import io
 
@@ -55,6 +56,26 @@ def test_markers_record_the_parts(tmp_path):
         assert info["fingerprint"] == fp and info["parts"] == [{"value": {"k": 1}}, {"value": "x"}]
 
 
+def test_markers_record_no_path_of_where_the_run_lies(tmp_path, monkeypatch):
+    """A run folder can be moved and continued (tests/test_portable_run.py): an input inside the run is recorded
+    relative to the stage folder, whether given relative to the working directory or absolute; one far outside it
+    (a bundled data file) as given."""
+    monkeypatch.chdir(tmp_path)
+    run = Path("runs") / "i2d2"
+    (run / "iter_0" / "generations").mkdir(parents=True)
+    (run / "iter_0" / "generations" / "table").write_text("t")
+    (run / "iter_0" / "model").mkdir()
+    (run / "iter_0" / "model" / "w").write_text("w")
+    bundled = Path(io.__file__).resolve()
+    model = io.model_fingerprint(str(tmp_path / run / "iter_0" / "model"))  # a nested fingerprint of a folder
+    io.run_stage(run / "iter_1" / "filtered", io.fingerprint(run / "iter_0" / "generations" / "table", model, bundled),
+                 lambda d: {})
+    info = json.loads((run / "iter_1" / "filtered" / io.DONE).read_text())
+    assert [d.get("path") for d in info["parts"]] == ["../../iter_0/generations/table", None, str(bundled)]
+    assert info["parts"][1]["parts"][0]["path"] == "../../iter_0/model"
+    assert "runs/i2d2" not in json.dumps(info) and str(tmp_path) not in json.dumps(info)
+
+
 def test_a_changed_config_key_is_named_with_old_and_new_value(tmp_path, caplog):
     cfg = {"delta": 0.605, "seed": 1, "dedupe": {"ratio": 90, "on": True}}
     line = _redo(tmp_path, caplog, io.fingerprint("filter", cfg),
@@ -76,7 +97,7 @@ def test_a_changed_file_is_named(tmp_path, caplog):
     before = io.fingerprint({"k": 1}, src)
     src.write_text("v2\n")
     line = _redo(tmp_path, caplog, before, io.fingerprint({"k": 1}, src))
-    assert "(part 2 file " in line and "iter_0/table.jsonl: content changed)" in line
+    assert "(part 2 file ../data/iter_0/table.jsonl: content changed)" in line  # from the stage folder tmp_path/s
     src.unlink()
     line = _redo(tmp_path, caplog, before, io.fingerprint({"k": 1}, src), "t")
     assert "table.jsonl: now missing)" in line
