@@ -2,7 +2,7 @@
 live (Hydra structured configs).
 
 Each dataclass is stored in Hydra's ConfigStore (``register``, called when ``i2d2.config`` is imported) and is
-the first entry of its YAML files' defaults list (``conf/critic/minilm.yaml``: ``defaults: [schema, _self_]``),
+the first entry of its YAML files' defaults list (``conf/critic/minilm.yaml``: ``defaults: [/schema_critic, _self_]``),
 so a composed config has every key with its type, and a misspelt key or a wrong type fails at start-up naming
 the key. The Python entry points that take plain dicts (tests, notebooks) fill and check them through
 ``fill``, against the same dataclass. A field's comment is its documentation.
@@ -333,16 +333,18 @@ class NegationOptions(NegverseGenerate, NegverseMasking, NegverseFilters):
             base.__post_init__(self)
 
 
-# (group, name, node): ``conf/<group>/*.yaml`` lists ``<name>`` first in its defaults; ``schema/*`` nodes are placed
-# by a task file at the section they type (``- /schema/finetune@task.finetune``)
+# (name, node): root configs, in no config group, so that Hydra's --help, which lists every group, does not offer
+# them beside task, model, ... as if a user picked them. ``conf/decoding/*.yaml`` and ``conf/critic/minilm.yaml`` list
+# ``/schema_<group>`` first in their defaults (at the file's own package); a task file places the others at the
+# section they type (``- /schema_finetune@task.finetune``)
 SCHEMAS = [
-    ("decoding", "schema", DecodingConfig),
-    ("critic", "schema", CriticConfig),
-    ("schema", "finetune", FinetuneConfig),
-    ("schema", "cross_encoder", CrossEncoderConfig),
-    ("schema", "negverse_generate", NegverseGenerate),
-    ("schema", "negverse_masking", NegverseTrainMasking),
-    ("schema", "negverse_filters", NegverseFilters),
+    ("schema_decoding", DecodingConfig),
+    ("schema_critic", CriticConfig),
+    ("schema_finetune", FinetuneConfig),
+    ("schema_cross_encoder", CrossEncoderConfig),
+    ("schema_negverse_generate", NegverseGenerate),
+    ("schema_negverse_masking", NegverseTrainMasking),
+    ("schema_negverse_filters", NegverseFilters),
 ]
 
 
@@ -350,8 +352,8 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for group, name, node in SCHEMAS:
-        cs.store(group=group, name=name, node=node)
+    for name, node in SCHEMAS:
+        cs.store(name=name, node=node)
 
 
 def fill(schema: type, cfg: Any = None, where: str | None = None, none_means_default: bool = True) -> dict:

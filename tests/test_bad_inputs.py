@@ -456,6 +456,19 @@ def test_help_says_how_to_call_the_command(module, usage):
     assert r.returncode == 0 and r.stdout.startswith(usage), r.stdout[:500]
 
 
+@pytest.mark.parametrize("module", ["i2d2.train", "i2d2.generate"])
+def test_help_lists_only_the_config_groups_a_user_picks(module):
+    # the typed configs (i2d2/schemas.py) were stored as config groups: --help listed "schema: cross_encoder,
+    # finetune, negverse_filters, ..." beside task and model, and "schema" among the decoding and critic options
+    r = cli("--help", module=module)
+    assert r.returncode == 0, r.stderr[-2000:]
+    groups = r.stdout.split("== Configuration groups ==", 1)[1].split("== Config ==", 1)[0]
+    listed = dict(line.split(": ", 1) for line in groups.splitlines() if ": " in line)
+    assert {"task", "model", "critic", "decoding", "data", "trainer", "logger", "experiment"} <= set(listed), groups
+    assert "schema" not in groups, groups
+    assert listed["decoding"] == "comparatives, i2d2" and "minilm" in listed["critic"].split(", "), groups
+
+
 @pytest.mark.parametrize("value", ["", "null"])
 def test_a_run_dir_that_names_no_folder_is_refused(tmp_path, value):
     # run_dir= ran in the working directory (Hydra's log folder went to /hydra); run_dir=null into a folder 'None'
