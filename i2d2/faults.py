@@ -9,6 +9,10 @@ Points (a prefix match, so ``write:generations`` hits ``write:generations.jsonl`
   ``train_step/<fit>``   a training step of a fit (``finetune``, ``critic``, ``cmp``, ``negverse``) finished, its
                          checkpoint not yet saved (i2d2.resume.ResumeState); ``train_step`` counts every fit's.
 Unset (the normal case), ``fault_point`` is one dictionary lookup-free comparison: the variable is read once.
+
+``I2D2_FAULT_SIGNAL=TERM`` sends SIGTERM instead (a ``kill <pid>``: the run's own handlers run), and
+``I2D2_FAULT_RANK=<r>`` fires in rank ``r`` alone of a launched multi-process run (every rank inherits the
+variables; the others pass the point untouched): ``kill`` of the one process a user started, rank 0.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import os
 import signal
 
 ENV = "I2D2_FAULT_AT"
+SIGNAL_ENV = "I2D2_FAULT_SIGNAL"
+RANK_ENV = "I2D2_FAULT_RANK"
 
 
 def _parse(spec: str | None) -> tuple[str, int] | None:
@@ -29,14 +35,22 @@ def _parse(spec: str | None) -> tuple[str, int] | None:
 
 
 _TARGET = _parse(os.environ.get(ENV))
+_SIGNAL = signal.Signals["SIG" + (os.environ.get(SIGNAL_ENV) or "KILL").upper().removeprefix("SIG")]
+_RANK = os.environ.get(RANK_ENV)
 _seen = 0
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL this process here if ``I2D2_FAULT_AT`` names this point and its count is reached."""
+    """SIGKILL (``I2D2_FAULT_SIGNAL``) this process here if ``I2D2_FAULT_AT`` names this point and its count is
+    reached (in rank ``I2D2_FAULT_RANK`` only, when set)."""
     global _seen
     if _TARGET is None or not name.startswith(_TARGET[0]):
         return
+    if _RANK is not None:
+        from i2d2.train import launched_rank
+
+        if str(launched_rank()) != _RANK:
+            return
     _seen += 1
     if _seen == _TARGET[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), _SIGNAL)

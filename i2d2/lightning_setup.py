@@ -30,10 +30,16 @@ from typing import Any, Iterable, Iterator, Mapping
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint, RichProgressBar
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 
 from i2d2.config import plain  # noqa: F401  (re-exported: the recipes call lightning_setup.plain)
 
 log = logging.getLogger(__name__)
+
+# the rank processes this one launched (subprocess.Popen; i2d2.recipes.generics.launch): rank 0's SIGTERM handler
+# (i2d2.train) passes the signal on to them. `kill <pid>` of the command a user started reached rank 0 alone, which
+# exited 143, and the other ranks failed with a traceback (or, in a fit, every rank hung).
+LAUNCHED_RANKS: list = []
 
 # What a missing trainer config means (critic training called without one): Lightning's own defaults, one device.
 DEFAULT_TRAINER = {"_target_": "lightning.Trainer", "accelerator": "auto", "devices": 1}
@@ -418,7 +424,24 @@ def build_trainer(trainer_cfg: Any, *, micro_batch: int | None = None, where: st
     given = overrides.get("callbacks") or []
     given = list(given if isinstance(given, (list, tuple)) else [given])
     overrides["callbacks"] = [*given, NamespacedHparams(name), ProgressLog(name or "fit"), *_progress_bar(tc, overrides, given)]
-    return hydra.utils.instantiate(tc, _convert_="all", **overrides)
+    trainer = hydra.utils.instantiate(tc, _convert_="all", **overrides)
+    if hasattr(trainer, "_signal_connector"):
+        trainer._signal_connector = _StepSyncedSigterm(trainer)
+    return trainer
+
+
+class _StepSyncedSigterm(_SignalConnector):
+    """Lightning's SIGTERM handling in a fit, less its broadcast of the flag from inside the signal handler: that
+    collective runs wherever each rank happens to be when its signal comes, so a rank signalled alone or before the
+    others is one collective ahead of them, and every rank hung (``kill`` of rank 0, even with the signal passed on to
+    the other ranks: ``LAUNCHED_RANKS``). Each rank still stops at the end of its step on its own flag, and the
+    training loop broadcasts rank 0's flag before every step, at the same point on every rank."""
+
+    def _sigterm_notifier_fn(self, signum, frame) -> None:
+        log.info(f"[rank: {self.trainer.local_rank}] Received SIGTERM: {signum}")
+        if not self.received_sigterm and self.trainer.strategy.launcher is not None:
+            self.trainer.strategy.launcher.kill(signum)
+        self.received_sigterm = True
 
 
 def _progress_bar(tc: Mapping, overrides: Mapping, given: list) -> list:

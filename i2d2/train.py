@@ -117,7 +117,24 @@ class Terminated(BaseException):
 _OWNER_PID: int | None = None  # the process that installed the handler (sigterm_raises)
 
 
+def _pass_sigterm_on() -> None:
+    """Rank 0 of a launched run passes its SIGTERM on to the ranks it launched (``lightning_setup.LAUNCHED_RANKS``):
+    ``kill <pid>`` of the command a user started reaches rank 0 alone."""
+    launching = sys.modules.get("i2d2.lightning_setup")  # not imported: no rank was launched
+    for proc in getattr(launching, "LAUNCHED_RANKS", ()):
+        if proc.poll() is None:  # a rank that has already ended (its pid may be another process's by now) is skipped
+            with contextlib.suppress(OSError):
+                proc.send_signal(signal.SIGTERM)
+
+
+_SIGTERM_SEEN = False  # this process got a SIGTERM (hydra_main: a rank's failure after it is the signal's doing)
+
+
 def _raise_terminated(signum, frame):
+    global _SIGTERM_SEEN
+    if os.getpid() == _OWNER_PID:  # not in a forked worker, which inherited the list
+        _SIGTERM_SEEN = True
+        _pass_sigterm_on()
     if signal.getsignal(signal.SIGTERM) is not _raise_terminated:
         # called by a Lightning fit's handler, which ran its own first: it has told every rank, and each stops at the
         # end of its step (SIGTERMException, which ``terminated`` recognises); raising here would leave the other
@@ -195,10 +212,7 @@ def hydra_main(cfg: DictConfig):
             return checked_run(cfg)
     except (KeyboardInterrupt, SystemExit, Terminated) as e:
         if terminated(e):
-            if launched_rank() == 0:
-                print(f"terminated (SIGTERM): the {cfg.task.name} run in {cfg.run_dir}; rerun the same command to "
-                      "resume", file=sys.stderr)
-            sys.exit(143)  # 128 + SIGTERM: a scheduler or script must not take it for a finished run (exit 0)
+            _exit_terminated(cfg)
         if not interrupted(e):
             raise
         if launched_rank() == 0:  # one line, not one per rank (every rank of a launched run gets the SIGINT)
@@ -206,6 +220,10 @@ def hydra_main(cfg: DictConfig):
                   file=sys.stderr)
         sys.exit(130)  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
     except Exception as e:
+        if _SIGTERM_SEEN:
+            # a rank told of rank 0's SIGTERM while it waited in a collective, which failed once rank 0 had left
+            # (gloo: "Connection closed by peer"): it stops as a signalled rank does, not with that traceback
+            _exit_terminated(cfg)
         from i2d2.io import DataError
 
         # the run's log file ends with why it stopped (Hydra prints the error on the terminal only)
@@ -217,6 +235,13 @@ def hydra_main(cfg: DictConfig):
         if launched_rank() == 0:
             print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _exit_terminated(cfg: DictConfig) -> None:
+    if launched_rank() == 0:  # one line, not one per rank
+        print(f"terminated (SIGTERM): the {cfg.task.name} run in {cfg.run_dir}; rerun the same command to resume",
+              file=sys.stderr)
+    sys.exit(143)  # 128 + SIGTERM: a scheduler or script must not take it for a finished run (exit 0)
 
 
 def _to_log_files(message: str) -> None:

@@ -4,9 +4,11 @@ uninterrupted run: a critic fit over two relaunched ranks (every rank resumes it
 after a resumed LM fine-tuning (DDP-family strategies re-seed at setup from the process's last seed_everything,
 ``i2d2.resume.seed_fit``)."""
 
+import contextlib
 import hashlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,49 @@ def test_iteration_after_a_resumed_ddp_finetuning_matches(tmp_path):
     assert "fine-tuning: resuming from" in b.stdout + b.stderr
     for k in (0, 1):
         assert weights(tmp_path / "b" / f"iter_{k}" / "model") == weights(tmp_path / "a" / f"iter_{k}" / "model"), k
+
+
+def test_sigterm_to_rank_0_alone_stops_every_rank_quietly_and_the_rerun_resumes(tmp_path):
+    """``kill <pid>`` of a launched DDP run reaches rank 0 alone (the process the user started; Lightning's launcher
+    started the other ranks). In a fit every rank hung: Lightning's handler broadcast rank 0's flag from inside the
+    signal handler, a collective no other rank was in; outside one, rank 0 exited 143 and the other ranks, finding it
+    gone, failed with a traceback. Rank 0 now passes the SIGTERM on to the ranks it launched, and every rank stops as
+    under a scheduler's SIGTERM to the whole job: exit 143, one line, no rank left running; the rerun resumes."""
+    import psutil
+
+    run = tmp_path / "run"
+    out = tmp_path / "out.txt"
+    overrides = ("trainer.devices=2", "task.finetune.batch_size=1")  # 4 fine-tuning steps per rank
+    # rank 0 sends itself the SIGTERM (a `kill` of its pid) after its second fine-tuning step
+    env = launch_env(I2D2_FAULT_AT="train_step/finetune:2", I2D2_FAULT_SIGNAL="TERM", I2D2_FAULT_RANK="0")
+    with open(out, "w") as out_file:  # every rank writes here (the launched ranks inherit rank 0's stdout/stderr)
+        p = subprocess.Popen([sys.executable, "-m", "i2d2.train", "experiment=smoke", "trainer=ddp",
+                              "trainer.accelerator=cpu", *overrides, f"run_dir={run}"], cwd=ROOT,
+                             stdout=out_file, stderr=subprocess.STDOUT, env=env)
+        launched = set()
+        try:
+            main = psutil.Process(p.pid)
+            deadline = time.monotonic() + 300  # about 40 s on a 2-core CPU
+            while p.poll() is None and time.monotonic() < deadline:  # the ranks it launched, seen while it runs
+                with contextlib.suppress(psutil.Error):
+                    launched |= set(main.children(recursive=True))
+                time.sleep(0.5)
+            assert p.poll() is not None, "the run hung after the SIGTERM"
+        finally:
+            for q in [p, *launched]:
+                with contextlib.suppress(Exception):
+                    q.kill()
+    text = out.read_text()
+    assert p.returncode == 143, text[-3000:]
+    assert launched, "no rank was launched"
+    _, alive = psutil.wait_procs(list(launched), timeout=60)  # each launched rank ends on its own, soon after
+    alive = [q for q in alive if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [q.cmdline() for q in alive]
+    assert "Traceback" not in text and "Error executing job" not in text, text[-3000:]
+    assert text.count("terminated (SIGTERM)") == 1 and \
+        f"terminated (SIGTERM): the i2d2 run in {run}; rerun the same command to resume" in text, text[-3000:]
+    assert not (run / "iter_0" / "model").exists()
+    b = train(run, *overrides)
+    assert b.returncode == 0, (b.stdout + b.stderr)[-3000:]
+    assert "fine-tuning: resuming from" in b.stdout + b.stderr
+    assert (run / "iter_0" / "model").exists()

@@ -195,6 +195,14 @@ def test_fault_point_kills_at_the_nth_pass_and_costs_nothing_unset():
     assert p.returncode == -9 and p.stdout.split() == ["0", "1"]
     p = subprocess.run([sys.executable, "-c", code], env=harness.env("train_step:3"), capture_output=True, text=True)
     assert p.returncode == -9 and p.stdout.split() == ["0"]
+    # SIGTERM instead (a `kill`), and in one rank only of a launched run (the others pass the point untouched)
+    term = {**harness.env("train_step:3"), "I2D2_FAULT_SIGNAL": "TERM"}
+    p = subprocess.run([sys.executable, "-c", code], env=term, capture_output=True, text=True)
+    assert p.returncode == -15 and p.stdout.split() == ["0"]
+    for rank, code_expected in (("0", -15), ("1", 0)):
+        p = subprocess.run([sys.executable, "-c", code], env={**term, "I2D2_FAULT_RANK": rank}, capture_output=True,
+                           text=True)
+        assert p.returncode == code_expected, (rank, p.stderr[-2000:])
 
 
 @FAST
