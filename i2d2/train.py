@@ -128,17 +128,18 @@ def _pass_sigterm_on() -> None:
 
 
 _SIGTERM_SEEN = False  # this process got a SIGTERM (hydra_main: a rank's failure after it is the signal's doing)
+_RAISED = False  # and raised Terminated for it
 
 
 def _raise_terminated(signum, frame):
-    global _SIGTERM_SEEN
-    if os.getpid() == _OWNER_PID:  # not in a forked worker, which inherited the list
+    global _SIGTERM_SEEN, _RAISED
+    if os.getpid() == _OWNER_PID and not _SIGTERM_SEEN:  # not in a forked worker, which inherited the ranks' list
         _SIGTERM_SEEN = True
         _pass_sigterm_on()
     if signal.getsignal(signal.SIGTERM) is not _raise_terminated:
-        # called by a Lightning fit's handler, which ran its own first: it has told every rank, and each stops at the
-        # end of its step (SIGTERMException, which ``terminated`` recognises); raising here would leave the other
-        # ranks of a launched run waiting in a collective for this one
+        # called by a Lightning fit's handler, which ran its own first: every rank got the signal (a scheduler's, or
+        # rank 0's passed on) and stops at the end of its step (SIGTERMException, which ``terminated`` recognises);
+        # raising here would leave the other ranks of a launched run waiting in a collective for this one
         return
     if os.getpid() != _OWNER_PID:
         # a forked child (datasets.map / multiprocessing pool, DataLoader worker) inherited the handler: no
@@ -147,6 +148,9 @@ def _raise_terminated(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    if _RAISED:  # a second SIGTERM (a scheduler's and rank 0's both reach a launched rank) leaves the stop under way
+        return
+    _RAISED = True
     raise Terminated()
 
 
@@ -157,13 +161,14 @@ def sigterm_raises():
     handler calls this one after it, the fit stops at the end of the step on every rank by raising its
     SIGTERMException, a SystemExit with no code: the run exited 0, like a finished one, halfway through; ``hydra_main``
     now reports it as terminated."""
-    global _OWNER_PID
+    global _OWNER_PID, _SIGTERM_SEEN, _RAISED
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: signals cannot be handled here
         yield
         return
     owner, _OWNER_PID = _OWNER_PID, os.getpid()
+    _SIGTERM_SEEN = _RAISED = False  # kept after the block: hydra_main reads _SIGTERM_SEEN once it has ended
     try:
         yield
     finally:
