@@ -558,6 +558,8 @@ def _stage_marker(out_dir: Path) -> tuple[str | None, dict]:
             continue
         except ValueError:  # a damaged marker: the work it describes cannot be trusted
             return "<damaged>", {}
+        if not isinstance(info, dict):  # JSON, but not a marker's object (a truncated write's "null", "[]")
+            return "<damaged>", {}
         return info.get("fingerprint"), info
     return None, {}
 

@@ -172,3 +172,19 @@ def test_an_earlier_run_without_part_descriptions_gets_a_plain_reason(tmp_path, 
     with caplog.at_level(logging.INFO, logger="i2d2.io"):
         io.run_stage(out, io.fingerprint({"k": 4}, "x"), lambda d: {}, name="s")
     assert "stage s: inputs changed, redoing it (removing" in caplog.text
+
+
+def test_a_marker_that_is_json_but_no_object_is_damaged_not_a_crash(tmp_path, caplog):
+    """A ``_STARTED.json`` (or ``_DONE.json``) holding ``null``, a list or a string (stage_done already takes such a
+    ``_DONE.json`` as not finished): prepare_stage redoes the stage as for a damaged marker, where it raised
+    AttributeError ('.get')."""
+    out = tmp_path / "s"
+    for text in ("null", "[1, 2]", '"x"'):
+        io.run_stage(out, io.fingerprint({"k": 1}), lambda d: {})
+        (out / io.DONE).unlink()  # a stage killed mid-way, its _STARTED.json odd
+        (out / io.STARTED).write_text(text)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="i2d2.io"):
+            io.run_stage(out, io.fingerprint({"k": 1}), lambda d: {}, name="s")
+        assert "stage s: inputs changed, redoing it (removing" in caplog.text, text
+        assert io.stage_fingerprint(out) == io.fingerprint({"k": 1})
