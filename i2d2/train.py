@@ -162,13 +162,15 @@ def sigterm_raises():
     SIGTERMException, a SystemExit with no code: the run exited 0, like a finished one, halfway through; ``hydra_main``
     now reports it as terminated."""
     global _OWNER_PID, _SIGTERM_SEEN, _RAISED
+    # kept after the block: hydra_main reads _SIGTERM_SEEN once it has ended; reset first, so that a block that
+    # cannot handle signals (not the main thread) does not inherit an earlier run's SIGTERM
+    _SIGTERM_SEEN = _RAISED = False
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: signals cannot be handled here
         yield
         return
     owner, _OWNER_PID = _OWNER_PID, os.getpid()
-    _SIGTERM_SEEN = _RAISED = False  # kept after the block: hydra_main reads _SIGTERM_SEEN once it has ended
     try:
         yield
     finally:

@@ -314,3 +314,25 @@ def test_lightnings_litlogger_tip_is_not_printed():
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "GPU available" in out and "litlogger" not in out, out
+
+
+def test_a_sigterm_of_an_earlier_run_does_not_carry_into_a_run_in_another_thread(monkeypatch):
+    """hydra_main takes an error as the SIGTERM's doing once the process saw one (``_SIGTERM_SEEN``, kept after the
+    block). A run in a thread other than the main one (no handler can be installed there) kept the flag of an
+    earlier run in the process: its real error became a silent exit 143."""
+    import threading
+
+    from i2d2 import train
+
+    monkeypatch.setattr(train, "_SIGTERM_SEEN", True)  # as an earlier run that was terminated leaves it
+    monkeypatch.setattr(train, "_RAISED", True)
+    seen = []
+
+    def run():
+        with train.sigterm_raises():
+            seen.append((train._SIGTERM_SEEN, train._RAISED))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert seen == [(False, False)]
