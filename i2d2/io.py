@@ -658,9 +658,15 @@ def _part_changes(old: list, new: list, at: str) -> list[tuple[str, str]]:
             ov, nv = o["value"], n["value"]
             label = where + (" config" if isinstance(ov, dict) and isinstance(nv, dict) else "")
             changes += [(label, c) for c in _value_changes(ov, nv, "")]
-        elif o != n:  # a large config (digest only), or a part of another kind than before
-            changes.append((where, "changed" if "digest" in o and "digest" in n else "changed (another kind of input)"))
+        elif o != n:  # a large config (digest only, on one side or both), or a part of another kind than before
+            same_kind = _is_config(o) and _is_config(n)  # a config grown past SMALL_PART is the same kind of input
+            changes.append((where, "changed" if same_kind else "changed (another kind of input)"))
     return changes
+
+
+def _is_config(described: dict) -> bool:
+    """A config part, described by value or (past SMALL_PART) by digest: not a file, not an earlier fingerprint."""
+    return "path" not in described and "parts" not in described
 
 
 _ABSENT = object()

@@ -188,3 +188,11 @@ def test_a_marker_that_is_json_but_no_object_is_damaged_not_a_crash(tmp_path, ca
             io.run_stage(out, io.fingerprint({"k": 1}), lambda d: {}, name="s")
         assert "stage s: inputs changed, redoing it (removing" in caplog.text, text
         assert io.stage_fingerprint(out) == io.fingerprint({"k": 1})
+
+
+def test_a_config_that_grew_past_the_recorded_size_is_changed_not_another_kind(tmp_path, caplog):
+    small, large = {"words": ["a"]}, {"words": ["a"] * (io.SMALL_PART // 4)}  # recorded by value, then by digest
+    line = _redo(tmp_path, caplog, io.fingerprint("x", small), io.fingerprint("x", large), "grown")
+    assert "(part 2: changed)" in line
+    line = _redo(tmp_path, caplog, io.fingerprint("x", small), io.fingerprint("x", Path(tmp_path / "f")), "kind")
+    assert "(part 2: changed (another kind of input))" in line

@@ -392,7 +392,7 @@ def _dedup_fn(fcfg, wl):
         # opposites ("are larger." / "are smaller.") embed within the distance: the lexicon rule (whatever scorer
         # the contradiction filter uses, this one is offline and 0/1) keeps them apart for that filter to weigh
         scorer = load_contradiction_scorer("offline", scales=wl.scales, comparatives=wl.comparatives) \
-            if fcfg.split_contradictions else None
+            if fcfg.get("split_contradictions", False) else None  # a task file from before the key: off
         return F.dedup(df, emb, float(fcfg.distance_threshold), fcfg.linkage, scorer=scorer)
     return fn
 
