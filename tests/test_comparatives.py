@@ -202,7 +202,7 @@ def test_dedup_with_the_rule_still_merges_paraphrases(minilm, rule):
     assert sorted(F.dedup(df, emb, 0.15, scorer=rule).index) == [1, 2, 3]
 
 
-@pytest.mark.parametrize("split, kept", [(True, [0, 1]), (False, [0])])
+@pytest.mark.parametrize("split, kept", [(True, [0, 1]), (False, [0]), (None, [0])])  # None: a task file without it
 def test_the_dedup_stage_reads_split_contradictions(monkeypatch, wl, split, kept):
     from omegaconf import OmegaConf
 
@@ -215,7 +215,8 @@ def test_the_dedup_stage_reads_split_contradictions(monkeypatch, wl, split, kept
 
     monkeypatch.setattr(i2d2.models, "load_sentence_encoder", lambda *a, **k: Same())
     fcfg = OmegaConf.create({"encoder": "packaged:minilm", "distance_threshold": 0.15, "linkage": "average",
-                             "batch_size": 8, "split_contradictions": split})
+                             "batch_size": 8, **({} if split is None else {"split_contradictions": split})})
+    OmegaConf.set_struct(fcfg, True)  # as a composed config is: a missing key raises on attribute access
     df = _gens([("a", "are generally cheaper.", -1.0, None, None, None),
                 ("a", "are generally more expensive.", -2.0, None, None, None)])
     assert sorted(_dedup_fn(fcfg, wl)(df).index) == kept
