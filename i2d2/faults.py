@@ -47,7 +47,7 @@ def fault_point(name: str) -> None:
     if _TARGET is None or not name.startswith(_TARGET[0]):
         return
     if _RANK is not None:
-        from i2d2.train import launched_rank
+        from i2d2.ranks import launched_rank
 
         if str(launched_rank()) != _RANK:
             return

@@ -36,11 +36,6 @@ from i2d2.config import plain  # noqa: F401  (re-exported: the recipes call ligh
 
 log = logging.getLogger(__name__)
 
-# the rank processes this one launched (subprocess.Popen; i2d2.recipes.generics.launch): rank 0's SIGTERM handler
-# (i2d2.train) passes the signal on to them. `kill <pid>` of the command a user started reached rank 0 alone, which
-# exited 143, and the other ranks failed with a traceback (or, in a fit, every rank hung).
-LAUNCHED_RANKS: list = []
-
 # What a missing trainer config means (critic training called without one): Lightning's own defaults, one device.
 DEFAULT_TRAINER = {"_target_": "lightning.Trainer", "accelerator": "auto", "devices": 1}
 GPU_ACCELERATORS = ("gpu", "cuda")
@@ -434,7 +429,7 @@ class _StepSyncedSigterm(_SignalConnector):
     """Lightning's SIGTERM handling in a fit, less its broadcast of the flag from inside the signal handler: that
     collective runs wherever each rank happens to be when its signal comes, so a rank signalled alone or before the
     others is one collective ahead of them, and every rank hung (``kill`` of rank 0, even with the signal passed on to
-    the other ranks: ``LAUNCHED_RANKS``). Each rank still stops at the end of its step on its own flag, and the
+    the other ranks: ``i2d2.ranks.LAUNCHED_RANKS``). Each rank still stops at the end of its step on its own flag, and the
     training loop broadcasts rank 0's flag before every step, at the same point on every rank."""
 
     def _sigterm_notifier_fn(self, signum, frame) -> None:

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from i2d2 import config  # noqa: F401  (registers the ${i2d2.*} resolvers before Hydra composes)
 from i2d2.models import check_models
+from i2d2.ranks import LAUNCHED_RANKS, launched_rank
 
 
 def check_start(cfg: DictConfig) -> None:
@@ -83,14 +84,6 @@ def check_recipe(cfg: DictConfig) -> None:
         recipe_module.check_config(cfg)
 
 
-def launched_rank() -> int:
-    """This process's rank as its launcher set it (Lightning's subprocess launcher, torchrun, SLURM); 0 alone."""
-    for var in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return int(os.environ.get("NODE_RANK", 0) or 0) + int(os.environ.get("LOCAL_RANK", 0) or 0)
-
-
 def holds_lock(cfg: DictConfig) -> bool:
     """Rank 0 of a run holds the run_dir lock for all its ranks; another rank skips it only when the trainer
     config does ask for several processes (two ranks of a mis-set single-process job both try, and the second
@@ -118,10 +111,9 @@ _OWNER_PID: int | None = None  # the process that installed the handler (sigterm
 
 
 def _pass_sigterm_on() -> None:
-    """Rank 0 of a launched run passes its SIGTERM on to the ranks it launched (``lightning_setup.LAUNCHED_RANKS``):
+    """Rank 0 of a launched run passes its SIGTERM on to the ranks it launched (``i2d2.ranks.LAUNCHED_RANKS``):
     ``kill <pid>`` of the command a user started reaches rank 0 alone."""
-    launching = sys.modules.get("i2d2.lightning_setup")  # not imported: no rank was launched
-    for proc in getattr(launching, "LAUNCHED_RANKS", ()):
+    for proc in LAUNCHED_RANKS:
         if proc.poll() is None:  # a rank that has already ended (its pid may be another process's by now) is skipped
             with contextlib.suppress(OSError):
                 proc.send_signal(signal.SIGTERM)

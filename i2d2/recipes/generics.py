@@ -256,7 +256,7 @@ def launch(cfg: DictConfig) -> Ranks:
         fabric = Fabric(accelerator=tc.get("accelerator", "auto"), devices=tc.get("devices", 1),
                         num_nodes=int(tc.get("num_nodes", 1) or 1), strategy="ddp")
         fabric.launch()  # re-runs this command once per extra rank; initialises the process group
-        from i2d2.lightning_setup import LAUNCHED_RANKS
+        from i2d2.ranks import LAUNCHED_RANKS
 
         LAUNCHED_RANKS[:] = getattr(fabric.strategy.launcher, "procs", ())  # i2d2.train passes a SIGTERM on to them
     return Ranks(dist.get_rank(), dist.get_world_size(), "subprocess")
