@@ -1,0 +1,172 @@
+"""How much of what the threshold filter keeps is knowledge, and how much knowledge it drops: a blind audit of one
+iteration's filter output, judged by a person against i2d2/data/annotations/GUIDE.md.
+
+    python scripts/kept_set_audit.py export --run-dir runs/i2d2 --iteration 0 --rejected 150 --out blind.csv
+    # label blind.csv's `label` column against GUIDE.md (true / false / vague / episodic / ad_copy / garbled / dont_know)
+    python scripts/kept_set_audit.py score --run-dir runs/i2d2 --iteration 0 --labels blind_done.csv [--labels second.csv]
+
+`export` draws every kept statement and a uniform random sample of the dropped ones (whatever dropped them), one row
+per distinct statement, shuffled together, and writes only item id, statement and an empty label: the labeller cannot
+tell kept from dropped or see a score. The key (which row is which, its drop reason and critic score) goes to
+`<run>/iter_k/audit/key.jsonl`. `score` maps the labels back and prints, each beside its count:
+- precision of the kept set (share judged true, Wilson 95 % interval) and its yield (kept of all generations);
+- per drop reason: the sampled share judged true and the estimated number of true statements it dropped;
+- the filter's estimated recall: true kept / (true kept + estimated true dropped), a near-duplicate of a kept
+  statement not counted as dropped knowledge;
+- the critic's AP over the statements it ranked (kept and dropped after scoring), each dropped row weighted by its
+  inverse sampling rate, so that the figure is the population's and not the sample's.
+A second `--labels` file (another person's blind labels of the same export) adds the agreement (Cohen's kappa on the
+valid / invalid reading). `dont_know` rows are left out, as the critic leaves them out.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import average_precision_score, cohen_kappa_score
+
+from i2d2.io import read_csv, read_jsonl, read_table, write_csv, write_jsonl
+from i2d2.labels import label_mapping, normalize_label, normalize_statement
+from i2d2.metrics import wilson_interval
+
+BEFORE_CRITIC = {"unfinished", "empty", "repeated_item", "constraints"}  # reasons the critic never ranked
+NOT_LOST = {"duplicate"}  # a near-duplicate of a kept statement: its knowledge is kept, so recall does not count it
+
+
+def _filtered(run_dir: Path, iteration: int) -> Path:
+    folder = run_dir / f"iter_{iteration}" / "filtered"
+    if not (folder / "kept").exists() or not (folder / "dropped").exists():
+        sys.exit(f"{folder}: no finished filter stage (kept/ and dropped/ tables) to audit")
+    return folder
+
+
+def population(run_dir: Path, iteration: int) -> list[dict]:
+    """Every distinct statement the filter saw: kept (drop_reason None) or dropped with its reason. A statement both
+    kept and dropped (a duplicate) counts as kept."""
+    folder = _filtered(run_dir, iteration)
+    rows = {}
+    for name in ("kept", "dropped"):
+        for r in read_table(folder / name).to_list():
+            key = normalize_statement(r["statement"])
+            if key in rows:
+                continue
+            rows[key] = {"statement": r["statement"], "concept": r["concept"], "kept": name == "kept",
+                         "drop_reason": None if name == "kept" else str(r["drop_reason"]),
+                         "critic_score": r.get("critic_score")}
+    return list(rows.values())
+
+
+def export(args) -> None:
+    run_dir, out = Path(args.run_dir), Path(args.out)
+    rows = population(run_dir, args.iteration)
+    rng = np.random.default_rng(args.seed)
+    kept = [r for r in rows if r["kept"]]
+    dropped = [r for r in rows if not r["kept"]]
+    pick = rng.choice(len(dropped), size=min(args.rejected, len(dropped)), replace=False) if dropped else []
+    drawn = kept + [dropped[i] for i in sorted(pick)]
+    order = rng.permutation(len(drawn))
+    key, blind = [], []
+    n_dropped = Counter(r["drop_reason"] for r in dropped)
+    for j, i in enumerate(order):
+        r = drawn[i]
+        item = f"a{j:04d}"
+        blind.append({"item_id": item, "statement": r["statement"], "label": ""})
+        key.append({**r, "item_id": item, "reason_total": n_dropped[r["drop_reason"]] if not r["kept"] else None})
+    key_path = run_dir / f"iter_{args.iteration}" / "audit" / "key.jsonl"
+    write_jsonl(key_path, key)
+    write_csv(out, blind, columns=["item_id", "statement", "label"])
+    print(f"{out}: {len(blind)} statements ({len(kept)} kept, {len(pick)} of {len(dropped)} dropped), shuffled; "
+          f"key: {key_path}")
+
+
+def _labels(path: Path, key_ids: set[str]) -> dict[str, str]:
+    rows = read_jsonl(path) if path.suffix == ".jsonl" else read_csv(path, required=["item_id", "label"])
+    out = {}
+    for n, r in enumerate(rows, 2 if path.suffix != ".jsonl" else 1):
+        item, label = str(r.get("item_id", "")), normalize_label(r.get("label", ""))
+        if item not in key_ids:
+            sys.exit(f"{path}:{n}: item_id {item!r} is not in this audit's key")
+        if label not in label_mapping(None):
+            sys.exit(f"{path}:{n}: label {r.get('label')!r} is not a label of GUIDE.md")
+        out[item] = label
+    missing = key_ids - set(out)
+    if missing:
+        sys.exit(f"{path}: {len(missing)} items have no label (e.g. {sorted(missing)[0]})")
+    return out
+
+
+def _rate(k: int, n: int) -> str:
+    if n == 0:
+        return "– (n 0)"
+    lo, hi = wilson_interval(k, n)
+    return f"{k / n:.3f} [{lo:.2f}, {hi:.2f}] ({k} of {n})"
+
+
+def score(args) -> None:
+    run_dir = Path(args.run_dir)
+    key = read_jsonl(run_dir / f"iter_{args.iteration}" / "audit" / "key.jsonl")
+    by_id = {r["item_id"]: r for r in key}
+    sets = [_labels(Path(p), set(by_id)) for p in args.labels]
+    valid = label_mapping(None)
+    labels = sets[0]
+    n_gen = len(read_table(_filtered(run_dir, args.iteration) / "dropped")) + \
+        len(read_table(_filtered(run_dir, args.iteration) / "kept"))
+    judged = [(by_id[i], valid[l]) for i, l in labels.items() if valid[l] is not None]
+    kept = [y for r, y in judged if r["kept"]]
+    n_kept_all = sum(r["kept"] for r in key)
+    print(f"audit of {run_dir}/iter_{args.iteration}: {len(key)} statements labelled "
+          f"({sum(l == 'dont_know' for l in labels.values())} dont_know left out)")
+    print(f"kept: precision {_rate(sum(kept), len(kept))}; yield {n_kept_all} kept of {n_gen} generations "
+          f"({n_kept_all / n_gen:.3f})")
+    print("kept labels: " + ", ".join(f"{k} {v}" for k, v in Counter(
+        labels[i] for i, r in by_id.items() if r["kept"]).most_common()))
+    est_true_dropped = 0.0
+    for reason in sorted({r["drop_reason"] for r in key if not r["kept"]}):
+        ys = [y for r, y in judged if r["drop_reason"] == reason]
+        total = next(r["reason_total"] for r in key if r["drop_reason"] == reason)
+        est = (sum(ys) / len(ys) * total) if ys else 0.0
+        est_true_dropped += 0.0 if reason in NOT_LOST else est
+        print(f"dropped for {reason}: true {_rate(sum(ys), len(ys))} of the sample; {total} dropped in all, "
+              f"~{est:.1f} true")
+    true_kept = sum(kept)
+    if true_kept + est_true_dropped > 0:
+        print(f"filter recall (estimated): {true_kept / (true_kept + est_true_dropped):.3f} "
+              f"({true_kept} true kept, ~{est_true_dropped:.1f} true dropped, duplicates of kept ones not counted)")
+    ranked = [(r, y) for r, y in judged if r["kept"] or r["drop_reason"] not in BEFORE_CRITIC]
+    if ranked and 0 < sum(y for _, y in ranked) < len(ranked):
+        w = [1.0 if r["kept"] else r["reason_total"] / sum(1 for q, _ in judged if q["drop_reason"] == r["drop_reason"])
+             for r, _ in ranked]
+        ap = average_precision_score([y for _, y in ranked], [r["critic_score"] for r, _ in ranked], sample_weight=w)
+        base = np.average([y for _, y in ranked], weights=w)
+        print(f"critic AP over the statements it ranked (weighted to the population): {ap:.3f} "
+              f"(base rate {base:.3f}, {len(ranked)} labelled)")
+    for path, other in zip(args.labels[1:], sets[1:]):
+        both = [(valid[labels[i]], valid[other[i]]) for i in labels if valid[labels[i]] is not None
+                and valid[other[i]] is not None]
+        a, b = zip(*both)
+        agree = np.mean([x == y for x, y in both])
+        print(f"agreement with {path}: {agree:.3f} on {len(both)} items, Cohen's kappa {cohen_kappa_score(a, b):.3f}")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="blind sample of kept + dropped statements")
+    e.add_argument("--run-dir", required=True)
+    e.add_argument("--iteration", type=int, default=0)
+    e.add_argument("--rejected", type=int, default=150, help="dropped statements drawn at random")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out", required=True)
+    s = sub.add_parser("score", help="precision, yield, recall and AP from the labelled export")
+    s.add_argument("--run-dir", required=True)
+    s.add_argument("--iteration", type=int, default=0)
+    s.add_argument("--labels", action="append", required=True, help="labelled export (repeat for a second person)")
+    args = p.parse_args(argv)
+    (export if args.cmd == "export" else score)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""scripts/kept_set_audit.py: the blind export hides what the labeller must not see, and the scores are the
+population's (dropped rows weighted by their sampling rate), on a filter output built here."""
+import csv
+from pathlib import Path
+
+import datasets
+import pytest
+from sklearn.metrics import average_precision_score
+
+from i2d2.io import read_jsonl, save_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def audit(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import kept_set_audit
+    return kept_set_audit
+
+
+def _run(tmp_path):
+    """4 kept; 40 dropped by the critic (scores below the kept ones'), 10 unfinished, 2 duplicates."""
+    def row(i, score, reason):
+        return {"statement": f"Statement number {i}.", "concept": f"c{i % 5}", "critic_score": score,
+                "drop_reason": reason}
+    kept = [row(i, 0.9 - i / 100, None) for i in range(4)]
+    dropped = [row(100 + i, 0.5 - i / 100, "critic") for i in range(40)] + \
+        [row(200 + i, 0.3, "unfinished") for i in range(10)] + [row(300 + i, 0.8, "duplicate") for i in range(2)]
+    f = tmp_path / "run" / "iter_0" / "filtered"
+    save_table(f / "kept", datasets.Dataset.from_list(kept))
+    save_table(f / "dropped", datasets.Dataset.from_list(dropped))
+    return tmp_path / "run"
+
+
+def _label(path: Path, out: Path, key: dict, true_if) -> None:
+    rows = list(csv.DictReader(path.open()))
+    for r in rows:
+        r["label"] = "true" if true_if(key[r["item_id"]]) else "vague"
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_export_is_blind_and_score_weights_the_dropped_sample(tmp_path, audit, capsys):
+    run = _run(tmp_path)
+    blind = tmp_path / "blind.csv"
+    audit.main(["export", "--run-dir", str(run), "--rejected", "20", "--out", str(blind)])
+    rows = list(csv.DictReader(blind.open()))
+    assert list(rows[0]) == ["item_id", "statement", "label"]  # no score, no kept flag, no concept
+    assert len(rows) == 24 and all(r["label"] == "" for r in rows)
+    key = {r["item_id"]: r for r in read_jsonl(run / "iter_0" / "audit" / "key.jsonl")}
+    assert sum(r["kept"] for r in key.values()) == 4
+    assert [key[r["item_id"]]["kept"] for r in rows] != sorted((key[r["item_id"]]["kept"] for r in rows), reverse=True)
+
+    # kept: 3 of 4 true; dropped by the critic: the best-scored half true (so recall and AP are not trivial)
+    def true_if(r):
+        return r["statement"] != "Statement number 3." if r["kept"] else (
+            r["drop_reason"] == "critic" and r["critic_score"] > 0.3) or r["drop_reason"] == "duplicate"
+    done = tmp_path / "done.csv"
+    _label(blind, done, key, true_if)
+    capsys.readouterr()
+    audit.main(["score", "--run-dir", str(run), "--labels", str(done), "--labels", str(done)])
+    out = capsys.readouterr().out
+    assert "precision 0.750" in out and "(3 of 4)" in out and "yield 4 kept of 56 generations" in out
+    sampled = [r for r in key.values() if r["drop_reason"] == "critic"]
+    true_share = sum(true_if(r) for r in sampled) / len(sampled)
+    est = true_share * 40  # the critic's 40 drops, estimated from the sample: duplicates are not lost knowledge
+    assert f"filter recall (estimated): {3 / (3 + est):.3f}" in out
+    ranked = [r for r in key.values() if r["kept"] or r["drop_reason"] in ("critic", "duplicate")]
+    n_of = {reason: sum(1 for r in key.values() if r["drop_reason"] == reason) for reason in ("critic", "duplicate")}
+    total = {"critic": 40, "duplicate": 2}
+    weights = [1.0 if r["kept"] else total[r["drop_reason"]] / n_of[r["drop_reason"]] for r in ranked]
+    ap = average_precision_score([int(true_if(r)) for r in ranked], [r["critic_score"] for r in ranked],
+                                 sample_weight=weights)
+    assert f"weighted to the population): {ap:.3f}" in out
+    assert "Cohen's kappa 1.000" in out
+
+
+def test_score_names_an_unknown_label_and_a_missing_item(tmp_path, audit):
+    run = _run(tmp_path)
+    blind = tmp_path / "blind.csv"
+    audit.main(["export", "--run-dir", str(run), "--rejected", "5", "--out", str(blind)])
+    rows = list(csv.DictReader(blind.open()))
+    bad = tmp_path / "bad.csv"
+    with bad.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows([{**r, "label": "true"} for r in rows[:-1]] + [{**rows[-1], "label": "maybe"}])
+    with pytest.raises(SystemExit, match=r"bad\.csv:10: label 'maybe' is not a label of GUIDE\.md"):
+        audit.main(["score", "--run-dir", str(run), "--labels", str(bad)])
+    with bad.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows([{**r, "label": "true"} for r in rows[:-1]])
+    with pytest.raises(SystemExit, match=r"1 items have no label"):
+        audit.main(["score", "--run-dir", str(run), "--labels", str(bad)])
