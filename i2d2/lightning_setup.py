@@ -31,6 +31,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint, RichProgressBar
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from lightning.pytorch.utilities.rank_zero import rank_prefixed_message
 
 from i2d2.config import plain  # noqa: F401  (re-exported: the recipes call lightning_setup.plain)
 
@@ -433,7 +434,7 @@ class _StepSyncedSigterm(_SignalConnector):
     training loop broadcasts rank 0's flag before every step, at the same point on every rank."""
 
     def _sigterm_notifier_fn(self, signum, frame) -> None:
-        log.info(f"[rank: {self.trainer.local_rank}] Received SIGTERM: {signum}")
+        log.info(rank_prefixed_message(f"Received SIGTERM: {signum}", self.trainer.local_rank))
         if not self.received_sigterm and self.trainer.strategy.launcher is not None:
             self.trainer.strategy.launcher.kill(signum)
         self.received_sigterm = True
