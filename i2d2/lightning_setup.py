@@ -439,6 +439,19 @@ class _StepSyncedSigterm(_SignalConnector):
             self.trainer.strategy.launcher.kill(signum)
         self.received_sigterm = True
 
+    def teardown(self) -> None:
+        """Restores the handlers, then stops a fit whose SIGTERM no loop acted on. Lightning reads the flag after a step
+        and after an epoch but not after the last step: a SIGTERM while the fit wound down (``on_train_end``, the last
+        checkpoint, the strategy's teardown) was swallowed, ``fit()`` returned as if nothing had happened and the run
+        went on to its next stage. It raises Lightning's SIGTERMException here, as the loop would have (a fit that did
+        raise it, or any other error, is already unwinding: its status is INTERRUPTED)."""
+        super().teardown()
+        from lightning.pytorch.trainer.states import TrainerStatus
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if self.received_sigterm and self.trainer.state.status == TrainerStatus.RUNNING:
+            raise SIGTERMException
+
 
 def _progress_bar(tc: Mapping, overrides: Mapping, given: list) -> list:
     """The progress bar Lightning would add by itself (Rich where it is installed), as ``StepLimitedRichProgressBar``;

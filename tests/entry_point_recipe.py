@@ -51,3 +51,42 @@ def wait_for_interrupt(cfg):
     L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
               enable_model_summary=False).fit(Wait(), torch.utils.data.DataLoader(torch.zeros(2, 1)))
     return []
+
+
+def sigterm_in_fit_teardown(cfg):
+    """A fit built by ``build_trainer`` that gets a SIGTERM after its last step, while it tears down (``on_train_end``:
+    Lightning checks its SIGTERM flag after a step and an epoch, not after the last one), then a next stage that
+    writes ``next_stage.txt`` in the run folder and, with ``+task.fail_after=true``, fails with a real error."""
+    import os
+    import signal
+    import time
+
+    import lightning as L
+    import torch
+
+    from i2d2.lightning_setup import build_trainer
+
+    class SignalAtTrainEnd(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            os.kill(os.getpid(), signal.SIGTERM)  # a `kill` of the run while the fit winds down
+            time.sleep(0.5)  # the handler runs here, in the fit
+
+    class One(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch, i):
+            return self.w(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = build_trainer({"_target_": "lightning.Trainer", "accelerator": "cpu", "devices": 1}, max_steps=2,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, callbacks=[SignalAtTrainEnd()])
+    trainer.fit(One(), torch.utils.data.DataLoader(torch.zeros(4, 1), batch_size=1))
+    (Path(cfg.run_dir) / "next_stage.txt").write_text("the next stage ran\n")  # what a stopped run never reaches
+    if cfg.task.get("fail_after"):
+        raise RuntimeError("a real error of the next stage")
+    return []

@@ -1,0 +1,35 @@
+"""SIGTERM (``kill``, a scheduler's pre-emption or time limit) at the moments the run's handlers once missed: the run
+stops there with exit 143 and one ``terminated (SIGTERM)`` line, whatever it was doing (i2d2/train.py,
+i2d2/lightning_setup.py ``_StepSyncedSigterm``)."""
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from process_env import launch_env
+
+pytestmark = [pytest.mark.faults, pytest.mark.fast]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _said(run: Path) -> str:
+    return f"terminated (SIGTERM): the i2d2 run in {run}; rerun the same command to resume"
+
+
+@pytest.mark.parametrize("fail_after", [False, True], ids=["next stage finishes", "next stage fails"])
+def test_sigterm_while_a_fit_tears_down_stops_the_run_there(tmp_path, fail_after):
+    """A SIGTERM after a fit's last step, before ``fit()`` returned, set Lightning's flag, which nothing read any more:
+    the run went on to its next stage (and finished with exit 0), and a real error there was reported as exit 143."""
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={run}",
+                        "task.recipe=tests.entry_point_recipe.sigterm_in_fit_teardown",
+                        f"+task.fail_after={str(fail_after).lower()}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=launch_env())
+    err = p.stderr
+    assert p.returncode == 143, err[-3000:]
+    assert not (run / "next_stage.txt").exists(), "the run went on after the SIGTERM"
+    assert "Traceback" not in err and "Error executing job" not in err, err[-3000:]
+    assert err.count("terminated (SIGTERM)") == 1 and err.strip().splitlines()[-1] == _said(run), err[-3000:]
