@@ -120,11 +120,23 @@ def _pass_sigterm_on() -> None:
 
 
 _SIGTERM_SEEN = False  # this process got a SIGTERM (hydra_main: a rank's failure after it is the signal's doing)
-_RAISED = False  # and raised Terminated for it
+
+
+def _stop_under_way() -> bool:
+    """A SIGTERM's stop is unwinding in this thread: the exception being handled where the signal came (an ``except``
+    or ``finally`` block, a ``with`` block's exit) is ``Terminated`` or Lightning's SIGTERMException, or came up while
+    one was being handled (its ``__context__``)."""
+    e, seen = sys.exc_info()[1], set()
+    while e is not None and id(e) not in seen:
+        if terminated(e):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False
 
 
 def _raise_terminated(signum, frame):
-    global _SIGTERM_SEEN, _RAISED
+    global _SIGTERM_SEEN
     if os.getpid() == _OWNER_PID and not _SIGTERM_SEEN:  # not in a forked worker, which inherited the ranks' list
         _SIGTERM_SEEN = True
         _pass_sigterm_on()
@@ -140,9 +152,11 @@ def _raise_terminated(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    if _RAISED:  # a second SIGTERM (a scheduler's and rank 0's both reach a launched rank) leaves the stop under way
+    if _stop_under_way():
+        # a second SIGTERM (a scheduler's and rank 0's both reach a launched rank) leaves the first one's cleanup alone.
+        # Not every later one: a Terminated that was caught and not raised again (a finaliser's, which Python reports
+        # and carries on from) is not unwinding any more, and the process, still running, must stop at this one
         return
-    _RAISED = True
     raise Terminated()
 
 
@@ -153,10 +167,10 @@ def sigterm_raises():
     handler calls this one after it, the fit stops at the end of the step on every rank by raising its
     SIGTERMException, a SystemExit with no code: the run exited 0, like a finished one, halfway through; ``hydra_main``
     now reports it as terminated."""
-    global _OWNER_PID, _SIGTERM_SEEN, _RAISED
+    global _OWNER_PID, _SIGTERM_SEEN
     # kept after the block: hydra_main reads _SIGTERM_SEEN once it has ended; reset first, so that a block that
     # cannot handle signals (not the main thread) does not inherit an earlier run's SIGTERM
-    _SIGTERM_SEEN = _RAISED = False
+    _SIGTERM_SEEN = False
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: signals cannot be handled here

@@ -2,9 +2,11 @@
 stops there with exit 143 and one ``terminated (SIGTERM)`` line, whatever it was doing (i2d2/train.py,
 i2d2/lightning_setup.py ``_StepSyncedSigterm``)."""
 
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,34 @@ def test_sigterm_while_a_fit_tears_down_stops_the_run_there(tmp_path, fail_after
     assert not (run / "next_stage.txt").exists(), "the run went on after the SIGTERM"
     assert "Traceback" not in err and "Error executing job" not in err, err[-3000:]
     assert err.count("terminated (SIGTERM)") == 1 and err.strip().splitlines()[-1] == _said(run), err[-3000:]
+
+
+def _sigterm_here():
+    """Send this process a SIGTERM and give its handler the chance to run (it runs between two bytecodes)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(100):  # the handler raises long before the loop ends
+        time.sleep(0.01)
+    raise AssertionError("the SIGTERM raised nothing")
+
+
+def test_a_second_sigterm_stops_a_run_whose_first_terminated_was_caught_and_is_ignored_during_its_cleanup():
+    """The handler ignored every SIGTERM after the one it raised ``Terminated`` for (``_RAISED``), so that a second
+    signal (a scheduler's and rank 0's both reach a launched rank) does not break into the first one's cleanup. A
+    Terminated that something caught and did not re-raise left the process running, deaf to every later SIGTERM. A
+    second SIGTERM is ignored while the first's Terminated is being handled (an ``except`` or ``finally`` block, a
+    ``with`` exit), and raises again once it is gone."""
+    from i2d2.train import Terminated, sigterm_raises
+
+    with sigterm_raises():
+        # cleanup under way: the second SIGTERM leaves it alone, and the first Terminated goes on (nothing chained)
+        with pytest.raises(Terminated) as first:
+            try:
+                _sigterm_here()
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.3)  # the second handler call runs here, in the first's cleanup
+        assert first.value.__context__ is None
+        # the first Terminated is caught here and the process goes on (as a swallowing `except BaseException` or a
+        # finaliser would): the next SIGTERM still stops it
+        with pytest.raises(Terminated):
+            _sigterm_here()
