@@ -14,9 +14,11 @@ one: every stage writes atomically and resumes from its last finished unit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import hydra
@@ -160,13 +162,29 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+def _raised_in_a_finaliser(previous_hook, unraisable) -> None:
+    """``sys.unraisablehook`` while ``sigterm_raises``' block runs. A SIGTERM whose handler runs inside a finaliser
+    (``__del__``, a weakref callback: a DataLoader iterator joins its workers in one, for seconds) raises Terminated
+    there, which Python prints ("Exception ignored in ...", a traceback) and carries on from: the run went on as if
+    never signalled. The signal is sent again instead, a moment later from another thread, so that its handler runs
+    where the main thread is by then (raised in this hook, it would be ignored the same way); in a finaliser again,
+    it comes back here."""
+    if isinstance(unraisable.exc_value, Terminated) and os.getpid() == _OWNER_PID:
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+        again.daemon = True
+        again.start()
+        return
+    previous_hook(unraisable)
+
+
 @contextlib.contextmanager
 def sigterm_raises():
     """SIGTERM raises ``Terminated`` in the main thread while the block runs (the previous handler is restored after).
     Python's default ends the process at once, with no message and no tidying up. Inside a Lightning fit, whose own
     handler calls this one after it, the fit stops at the end of the step on every rank by raising its
     SIGTERMException, a SystemExit with no code: the run exited 0, like a finished one, halfway through; ``hydra_main``
-    now reports it as terminated."""
+    now reports it as terminated. A Terminated raised inside a finaliser, which Python ignores, is raised again
+    (``_raised_in_a_finaliser``)."""
     global _OWNER_PID, _SIGTERM_SEEN
     # kept after the block: hydra_main reads _SIGTERM_SEEN once it has ended; reset first, so that a block that
     # cannot handle signals (not the main thread) does not inherit an earlier run's SIGTERM
@@ -177,10 +195,13 @@ def sigterm_raises():
         yield
         return
     owner, _OWNER_PID = _OWNER_PID, os.getpid()
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_raised_in_a_finaliser, previous_hook)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
         _OWNER_PID = owner
 
 

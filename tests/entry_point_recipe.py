@@ -90,3 +90,23 @@ def sigterm_in_fit_teardown(cfg):
     if cfg.task.get("fail_after"):
         raise RuntimeError("a real error of the next stage")
     return []
+
+
+def sigterm_in_a_finaliser(cfg):
+    """A SIGTERM whose handler runs inside a finaliser (``__del__``, as a DataLoader iterator's, which joins its workers
+    there for up to seconds): Python reports an exception raised there and carries on. Then the run goes on for 30 s
+    and a next stage writes ``next_stage.txt`` in the run folder."""
+    import os
+    import signal
+    import time
+
+    class Finaliser:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs here
+
+    Finaliser()  # collected at once
+    for _ in range(300):
+        time.sleep(0.1)
+    (Path(cfg.run_dir) / "next_stage.txt").write_text("the next stage ran\n")  # what a stopped run never reaches
+    return []

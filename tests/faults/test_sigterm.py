@@ -66,3 +66,18 @@ def test_a_second_sigterm_stops_a_run_whose_first_terminated_was_caught_and_is_i
         # finaliser would): the next SIGTERM still stops it
         with pytest.raises(Terminated):
             _sigterm_here()
+
+
+def test_a_sigterm_that_lands_in_a_finaliser_still_stops_the_run(tmp_path):
+    """A SIGTERM whose handler ran inside a finaliser (``__del__``, a weakref callback: a DataLoader iterator joins its
+    workers in one) raised Terminated there, which Python prints as "Exception ignored in ..." with a traceback and
+    carries on from: the run went on to finish (exit 0) as if never signalled."""
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={run}",
+                        "task.recipe=tests.entry_point_recipe.sigterm_in_a_finaliser"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=launch_env())
+    err = p.stderr
+    assert p.returncode == 143, err[-3000:]
+    assert not (run / "next_stage.txt").exists(), "the run went on after the SIGTERM"
+    assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
+    assert err.count("terminated (SIGTERM)") == 1 and err.strip().splitlines()[-1] == _said(run), err[-3000:]
