@@ -7,7 +7,8 @@ Points (a prefix match, so ``write:generations`` hits ``write:generations.jsonl`
   ``write:<file name>``  an atomic write has its temporary file complete but not renamed into place
                          (i2d2.io.atomic_path: tables, markers, shards, checkpoints);
   ``train_step/<fit>``   a training step of a fit (``finetune``, ``critic``, ``cmp``, ``negverse``) finished, its
-                         checkpoint not yet saved (i2d2.resume.ResumeState); ``train_step`` counts every fit's.
+                         checkpoint not yet saved (i2d2.resume.ResumeState); ``train_step`` counts every fit's;
+  ``train_end/<fit>``    a fit past its last step, winding down (``on_train_end``), before ``fit()`` returns.
 Unset (the normal case), ``fault_point`` is one dictionary lookup-free comparison: the variable is read once.
 
 ``I2D2_FAULT_SIGNAL=TERM`` sends SIGTERM instead (a ``kill <pid>``: the run's own handlers run), and

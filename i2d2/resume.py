@@ -190,11 +190,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class ResumeState(L.Callback):
     """Counts the batches of the current epoch for ``ResumableLoader``, carries the RNG state through the
     checkpoint, and is the ``train_step/<name>`` fault point (``I2D2_FAULT_AT=train_step:<n>`` counts the steps of
-    every fit, ``train_step/finetune:<n>`` those of the fits named so)."""
+    every fit, ``train_step/finetune:<n>`` those of the fits named so) and the ``train_end/<name>`` one."""
 
     def __init__(self, progress: EpochProgress | None = None, name: str = "fit"):
         self.progress = progress or EpochProgress()
         self.fault_name = f"train_step/{name}"
+        self.end_fault_name = f"train_end/{name}"
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         if self.progress.epoch != trainer.current_epoch:
@@ -208,6 +209,9 @@ class ResumeState(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         fault_point(self.fault_name)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        fault_point(self.end_fault_name)  # the fit past its last step, winding down
 
     def state_dict(self) -> dict:
         # Lightning writes rank 0's checkpoint and every rank reads it; under DDP the ranks' random streams differ

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from process_env import launch_env
 
-pytestmark = [pytest.mark.faults, pytest.mark.fast]
+pytestmark = pytest.mark.faults
+FAST = pytest.mark.fast  # run by the default pytest too (tests/faults/conftest.py)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,6 +22,7 @@ def _said(run: Path) -> str:
     return f"terminated (SIGTERM): the i2d2 run in {run}; rerun the same command to resume"
 
 
+@FAST
 @pytest.mark.parametrize("fail_after", [False, True], ids=["next stage finishes", "next stage fails"])
 def test_sigterm_while_a_fit_tears_down_stops_the_run_there(tmp_path, fail_after):
     """A SIGTERM after a fit's last step, before ``fit()`` returned, set Lightning's flag, which nothing read any more:
@@ -45,6 +47,7 @@ def _sigterm_here():
     raise AssertionError("the SIGTERM raised nothing")
 
 
+@FAST
 def test_a_second_sigterm_stops_a_run_whose_first_terminated_was_caught_and_is_ignored_during_its_cleanup():
     """The handler ignored every SIGTERM after the one it raised ``Terminated`` for (``_RAISED``), so that a second
     signal (a scheduler's and rank 0's both reach a launched rank) does not break into the first one's cleanup. A
@@ -68,6 +71,7 @@ def test_a_second_sigterm_stops_a_run_whose_first_terminated_was_caught_and_is_i
             _sigterm_here()
 
 
+@FAST
 def test_a_sigterm_that_lands_in_a_finaliser_still_stops_the_run(tmp_path):
     """A SIGTERM whose handler ran inside a finaliser (``__del__``, a weakref callback: a DataLoader iterator joins its
     workers in one) raised Terminated there, which Python prints as "Exception ignored in ..." with a traceback and
@@ -81,3 +85,22 @@ def test_a_sigterm_that_lands_in_a_finaliser_still_stops_the_run(tmp_path):
     assert not (run / "next_stage.txt").exists(), "the run went on after the SIGTERM"
     assert "Traceback" not in err and "Exception ignored" not in err, err[-3000:]
     assert err.count("terminated (SIGTERM)") == 1 and err.strip().splitlines()[-1] == _said(run), err[-3000:]
+
+
+def test_sigterm_as_the_finetuning_winds_down_stops_the_iteration_and_the_rerun_resumes(tmp_path):
+    """The real pipeline's window: a SIGTERM as the fine-tuning fit winds down (``on_train_end``, fault point
+    ``train_end/finetune``). The run saved the model and went on as if never signalled; it stops there (exit 143, one
+    line, the fine-tuned model not written), and the rerun resumes the fit and finishes."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "i2d2.train", "experiment=smoke", "trainer=cpu", f"run_dir={run}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=launch_env(I2D2_FAULT_AT="train_end/finetune:1", I2D2_FAULT_SIGNAL="TERM"))
+    out = p.stdout + p.stderr
+    assert p.returncode == 143, out[-3000:]
+    assert "Traceback" not in out and "Error executing job" not in out, out[-3000:]
+    assert out.count("terminated (SIGTERM)") == 1 and p.stderr.strip().splitlines()[-1] == _said(run), out[-3000:]
+    assert not (run / "iter_0" / "model").exists()
+    b = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=launch_env())
+    assert b.returncode == 0, (b.stdout + b.stderr)[-3000:]
+    assert "fine-tuning: resuming from" in b.stdout + b.stderr
+    assert (run / "iter_0" / "model").exists()
