@@ -303,23 +303,47 @@ class Fingerprint(str):
 SMALL_PART = 4096  # a config part up to this many characters of JSON is recorded as is, a larger one by its digest
 
 
+class Named:
+    """A fingerprint part with a name for the redo's log line (``named``); the name is not hashed."""
+
+    __slots__ = ("name", "value")
+
+    def __init__(self, name: str, value: Any):
+        self.name, self.value = name, value
+
+    def __repr__(self) -> str:
+        return f"named({self.name!r}, {self.value!r})"
+
+
+def named(name: str, value: Any) -> Named:
+    """``value`` as a part of ``fingerprint`` that a redo's log line calls ``name`` (``delta: 0.7 -> 0.75``) rather
+    than by its position (``part 1.4``). The hash is that of ``value`` alone: naming a part keeps every fingerprint,
+    and so every run folder's finished stages. Only a part given to ``fingerprint`` itself, not one inside a dict."""
+    return Named(name, value)
+
+
 def fingerprint(*parts: Any) -> Fingerprint:
     """A stable hash of configs (dicts, strings) and input files (Path objects hash their content).
 
     ``.parts`` describes each part, for ``prepare_stage`` to name the one that changed: ``{"value": ...}`` for a
     small config, ``{"digest": ...}`` for a large one, ``{"path": ..., "digest": ...}`` for a file or folder (digest
-    None: missing), ``{"fingerprint": ..., "parts": [...]}`` for an earlier fingerprint used as a part."""
+    None: missing), ``{"fingerprint": ..., "parts": [...]}`` for an earlier fingerprint used as a part; with
+    ``"name"`` for a part given as ``named(name, value)``."""
     h = hashlib.sha256()
     described = []
     for p in parts:
+        name = None
+        if isinstance(p, Named):
+            name, p = p.name, p.value
         if isinstance(p, Path):
             data, digest = _path_part(p)
             h.update(data)
-            described.append({"path": str(p), "digest": digest})
+            d = {"path": str(p), "digest": digest}
         else:
             text = json.dumps(p, sort_keys=True, default=str)
             h.update(text.encode())
-            described.append(_describe(p, text))
+            d = _describe(p, text)
+        described.append({"name": str(name), **d} if name is not None else d)
         h.update(b"\x00")
     return Fingerprint(h.hexdigest()[:16], described)
 
@@ -612,10 +636,12 @@ MAX_CHANGES = 5  # the changes a redo's log line lists (then "and N more"): one 
 
 def redo_reason(marker: dict, record: dict) -> str:
     """Which parts of the fingerprint in ``record`` (the new marker's) differ from those the earlier run recorded in
-    ``marker``, for the log line of a redo: ``part 1.5 config: delta null -> 0.5; part 1.2 file ../generations/table:
-    content changed``. Part numbers count from 1, a dot
-    goes into an earlier fingerprint used as a part. Only what the hash holds is compared (a file's content, not
-    its path: a run folder can move), and a marker that does not say gives no reason rather than a wrong one."""
+    ``marker``, for the log line of a redo: ``delta: 0.7 -> 0.75; file ../generations/table: content changed``.
+    A part is called by its name (``named``), a file by its path, another part by its position (``part 1.5 config:
+    delta null -> 0.5``: counted from 1, a dot goes into an earlier fingerprint used as a part); names come from
+    the new record, so a marker from before parts were named reads as well. Only what the hash
+    holds is compared (a file's content, not its path: a run folder can move), and a marker that does not say gives
+    no reason rather than a wrong one."""
     new = record.get("parts")
     if new is None:  # a fingerprint made by hand (a test's "fp"): nothing to compare with
         return ""
@@ -625,42 +651,51 @@ def redo_reason(marker: dict, record: dict) -> str:
     if len(old) != len(new):  # another version of the code: a part added (a format version) or dropped
         return f"the stage's inputs are now {len(new)} parts, were {len(old)}"
     try:
-        changes = _part_changes(old, new, "part ")
+        changes = _part_changes(old, new, "part ", "")
     except (TypeError, KeyError, AttributeError):  # a marker edited by hand into another shape
         return ""
+    unique = [(at, what) for at, what, _ in changes]
     groups: dict[str, list[str]] = {}
-    for at, what in changes[:MAX_CHANGES]:
+    for at, what in unique[:MAX_CHANGES]:
         groups.setdefault(at, []).append(what)
     text = "; ".join(f"{at}: {', '.join(whats)}" for at, whats in groups.items())
-    more = len(changes) - MAX_CHANGES
+    more = len(unique) - MAX_CHANGES
     return text + (f"; and {more} more" if more > 0 else "")
 
 
-def _part_changes(old: list, new: list, at: str) -> list[tuple[str, str]]:
-    """(which part, what changed) for each part whose hashed content differs."""
+def _part_changes(old: list, new: list, at: str, prefix: str) -> list[tuple[str, str, tuple | None]]:
+    """(which part, what changed, what makes it a repeat) for each part whose hashed content differs. A part is
+    called ``prefix`` + its name where the new description has one, a file by its path, else ``at`` + its position."""
     changes = []
     for i, (o, n) in enumerate(zip(old, new), 1):
-        where = f"{at}{i}"
         if not isinstance(o, dict):
             raise TypeError(f"{o!r} is not a part description")
+        name = n.get("name")
+        where = f"{prefix}{name}" if name else f"{at}{i}"
         if "parts" in o and "parts" in n:  # an earlier fingerprint: say which of its own parts changed
             if o["fingerprint"] == n["fingerprint"]:
                 continue
             if isinstance(o["parts"], list) and len(o["parts"]) == len(n["parts"]):
-                changes += _part_changes(o["parts"], n["parts"], where + ".")
+                changes += (_part_changes(o["parts"], n["parts"], f"{where} part ", f"{where} ") if name else
+                            _part_changes(o["parts"], n["parts"], f"{where}.", prefix))
             else:
-                changes.append((where, f"its inputs are now {len(n['parts'])} parts, were {len(o['parts'])}"))
+                changes.append((where, f"its inputs are now {len(n['parts'])} parts, were {len(o['parts'])}", None))
         elif "path" in o and "path" in n:
             if o["digest"] != n["digest"]:
                 what = "now missing" if n["digest"] is None else "new" if o["digest"] is None else "content changed"
-                changes.append((f"{where} file {_shorten(n['path'], 60, tail=True)}", what))
+                label = f"{where} " if name else prefix
+                changes.append((f"{label}file {_shorten(n['path'], 60, tail=True)}", what, None))
         elif "value" in o and "value" in n:
             ov, nv = o["value"], n["value"]
-            label = where + (" config" if isinstance(ov, dict) and isinstance(nv, dict) else "")
-            changes += [(label, c) for c in _value_changes(ov, nv, "")]
-        elif o != n:  # a large config (digest only, on one side or both), or a part of another kind than before
+            if isinstance(ov, dict) and isinstance(nv, dict):
+                changes += [(where if name else f"{where} config", f"{key} {c}", (key, c))
+                            for key, c in _value_changes(ov, nv, "")]
+            else:
+                changes += [(where, c, (name, c) if name else None) for _, c in _value_changes(ov, nv, "")]
+        elif {k: v for k, v in o.items() if k != "name"} != {k: v for k, v in n.items() if k != "name"}:
+            # a large config (digest only, on one side or both), or a part of another kind than before
             same_kind = _is_config(o) and _is_config(n)  # a config grown past SMALL_PART is the same kind of input
-            changes.append((where, "changed" if same_kind else "changed (another kind of input)"))
+            changes.append((where, "changed" if same_kind else "changed (another kind of input)", None))
     return changes
 
 
@@ -672,15 +707,15 @@ def _is_config(described: dict) -> bool:
 _ABSENT = object()
 
 
-def _value_changes(old: Any, new: Any, key: str) -> list[str]:
-    """``key old -> new`` for each differing leaf: dotted keys into dicts, lists whole, long values cut."""
+def _value_changes(old: Any, new: Any, key: str) -> list[tuple[str | None, str]]:
+    """(key, ``old -> new``) for each differing leaf: dotted keys into dicts (long ones cut; None for a value that
+    is not a dict), lists whole, long values cut."""
     if isinstance(old, dict) and isinstance(new, dict):
         return [c for k in sorted(set(old) | set(new))
                 for c in _value_changes(old.get(k, _ABSENT), new.get(k, _ABSENT), f"{key}.{k}" if key else k)]
     if old is not _ABSENT and new is not _ABSENT and _json(old) == _json(new):  # JSON: 1 and 1.0 or true differ
         return []
-    change = f"{_show(old)} -> {_show(new)}"
-    return [f"{_shorten(key, 60, tail=True)} {change}" if key else change]
+    return [(_shorten(key, 60, tail=True) if key else None, f"{_show(old)} -> {_show(new)}")]
 
 
 def _json(v: Any) -> str:

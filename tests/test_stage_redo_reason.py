@@ -97,7 +97,8 @@ def test_a_changed_file_is_named(tmp_path, caplog):
     before = io.fingerprint({"k": 1}, src)
     src.write_text("v2\n")
     line = _redo(tmp_path, caplog, before, io.fingerprint({"k": 1}, src))
-    assert "(part 2 file ../data/iter_0/table.jsonl: content changed)" in line  # from the stage folder tmp_path/s
+    # a file is called by its path (from the stage folder tmp_path/s), not its position
+    assert "(file ../data/iter_0/table.jsonl: content changed)" in line
     src.unlink()
     line = _redo(tmp_path, caplog, before, io.fingerprint({"k": 1}, src), "t")
     assert "table.jsonl: now missing)" in line
@@ -111,7 +112,7 @@ def test_a_long_path_and_long_values_are_cut_and_at_most_five_changes_listed(tmp
     before = io.fingerprint(src, {**old, "text": "a" * 100})
     (src / "a").write_text("2")
     line = _redo(tmp_path, caplog, before, io.fingerprint(src, {f"k{i}": i + 1 for i in range(7)} | {"text": "b"}))
-    assert "(part 1 file ...longlong" in line  # the end of the path, the part that tells which input
+    assert "(file ...longlong" in line  # the end of the path, the part that tells which input
     assert "long/iter_0/generations/table: content changed; part 2 config: k0 0 -> 1, k1 1 -> 2, k2 2 -> 3, " \
            "k3 3 -> 4; and 4 more)" in line
     assert len(line) < 400 + len(str(tmp_path))
@@ -196,3 +197,70 @@ def test_a_config_that_grew_past_the_recorded_size_is_changed_not_another_kind(t
     assert "(part 2: changed)" in line
     line = _redo(tmp_path, caplog, io.fingerprint("x", small), io.fingerprint("x", Path(tmp_path / "f")), "kind")
     assert "(part 2: changed (another kind of input))" in line
+
+
+def test_a_named_part_hashes_as_its_value_and_is_recorded_with_its_name(tmp_path):
+    """``named`` changes no fingerprint (run folders keep their finished stages): the pinned call above, its parts
+    named, has the same hex; the name goes into the part's description only, and into the markers."""
+    (tmp_path / "f.txt").write_text("hello\n")
+    d = tmp_path / "dir"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("x")
+    (d / "sub" / "b.txt").write_text("y")
+    (d / ".hidden").write_text("z")
+    plain = io.fingerprint({"delta": 0.5, "k": [1, "a"]}, "filter", 3, tmp_path / "f.txt", d, tmp_path / "missing")
+    fp = io.fingerprint(io.named("filter config", {"delta": 0.5, "k": [1, "a"]}), "filter", io.named("shards", 3),
+                        io.named("table", tmp_path / "f.txt"), d, tmp_path / "missing")
+    assert fp == plain == "c92766e675031ac3"
+    assert fp.parts[0] == {"name": "filter config", "value": {"delta": 0.5, "k": [1, "a"]}}
+    assert fp.parts[2] == {"name": "shards", "value": 3} and fp.parts[3] == {"name": "table", **plain.parts[3]}
+    assert fp.parts[1] == plain.parts[1] and fp.parts[4:] == plain.parts[4:]
+    outer = io.fingerprint(io.named("critic", fp), io.named("format version", 2))
+    assert outer == io.fingerprint(plain, 2)
+    assert outer.parts == [{"name": "critic", "fingerprint": fp, "parts": fp.parts}, {"name": "format version", "value": 2}]
+    io.run_stage(tmp_path / "s", outer, lambda d: {})
+    info = json.loads((tmp_path / "s" / io.DONE).read_text())
+    assert info["parts"][0]["name"] == "critic" and info["parts"][0]["parts"][3]["name"] == "table"
+
+
+def test_a_named_part_is_called_by_its_name(tmp_path, caplog):
+    def fp(delta, on=True, version=7, table="t1"):
+        (tmp_path / "table").write_text(table)
+        inner = io.fingerprint("filter", tmp_path / "table", io.named("delta", delta),
+                               io.named("filter config", {"dedupe": on, "ratio": 90}), {"k": 4})
+        return io.fingerprint(inner, io.named("format version", version))
+
+    line = _redo(tmp_path, caplog, fp(0.605), fp(0.7, on=False), "filter")
+    assert line.startswith("stage filter: inputs changed (delta: 0.605 -> 0.7; filter config: dedupe true -> false), "
+                           "redoing it (removing ")
+    assert "(format version: 7 -> 8)" in _redo(tmp_path, caplog, fp(0.5), fp(0.5, version=8), "v")
+    assert "(file ../table: content changed)" in _redo(tmp_path, caplog, fp(0.5), fp(0.5, table="t2"), "f")
+    # a named earlier fingerprint: its own parts under its name, by theirs or by their position
+    critic = lambda lr, layers: io.fingerprint("critic", io.named("lr", lr), {"layers": layers})  # noqa: E731
+    line = _redo(tmp_path, caplog, io.fingerprint(io.named("critic", critic(0.1, 2)), 1),
+                 io.fingerprint(io.named("critic", critic(0.2, 4)), 1), "c")
+    assert "(critic lr: 0.1 -> 0.2; critic part 3 config: layers 2 -> 4)" in line
+
+
+def test_a_marker_from_before_parts_were_named_gets_the_names(tmp_path, caplog):
+    """A run folder whose markers the code before ``named`` wrote (parts without names, same hex): a rerun with
+    other inputs is told the change by the new names; with the same inputs the stage is still finished."""
+    def fp(delta, large="a"):
+        return io.fingerprint(io.fingerprint("filter", io.named("delta", delta), io.named("words", [large] * 2000)),
+                              io.named("format version", 7))
+
+    out = tmp_path / "filter"
+    io.run_stage(out, fp(0.5), lambda d: {})
+    for marker in (io.STARTED, io.DONE):  # as the code before names wrote them
+        info = json.loads((out / marker).read_text())
+        for part in [*info["parts"], *info["parts"][0]["parts"]]:
+            part.pop("name", None)
+        assert "name" not in json.dumps(info)
+        (out / marker).write_text(json.dumps(info))
+    calls = []
+    io.run_stage(out, fp(0.5), lambda d: calls.append(d) or {})
+    assert calls == []  # the same inputs: finished, names or not
+    with caplog.at_level(logging.INFO, logger="i2d2.io"):
+        io.run_stage(out, fp(0.7), lambda d: {}, name="filter")
+    assert "stage filter: inputs changed (delta: 0.5 -> 0.7), redoing it" in caplog.text  # not "words: changed"
+
