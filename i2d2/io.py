@@ -639,7 +639,8 @@ def redo_reason(marker: dict, record: dict) -> str:
     ``marker``, for the log line of a redo: ``delta: 0.7 -> 0.75; file ../generations/table: content changed``.
     A part is called by its name (``named``), a file by its path, another part by its position (``part 1.5 config:
     delta null -> 0.5``: counted from 1, a dot goes into an earlier fingerprint used as a part); names come from
-    the new record, so a marker from before parts were named reads as well. Only what the hash
+    the new record, so a marker from before parts were named reads as well. A change that repeats one already
+    listed (``delta`` as a part and as a key of a config part, the same values) is listed once. Only what the hash
     holds is compared (a file's content, not its path: a run folder can move), and a marker that does not say gives
     no reason rather than a wrong one."""
     new = record.get("parts")
@@ -654,7 +655,11 @@ def redo_reason(marker: dict, record: dict) -> str:
         changes = _part_changes(old, new, "part ", "")
     except (TypeError, KeyError, AttributeError):  # a marker edited by hand into another shape
         return ""
-    unique = [(at, what) for at, what, _ in changes]
+    seen, unique = set(), []
+    for at, what, same in changes:
+        if same is None or same not in seen:
+            unique.append((at, what))
+            seen.add(same)
     groups: dict[str, list[str]] = {}
     for at, what in unique[:MAX_CHANGES]:
         groups.setdefault(at, []).append(what)
@@ -665,7 +670,8 @@ def redo_reason(marker: dict, record: dict) -> str:
 
 def _part_changes(old: list, new: list, at: str, prefix: str) -> list[tuple[str, str, tuple | None]]:
     """(which part, what changed, what makes it a repeat) for each part whose hashed content differs. A part is
-    called ``prefix`` + its name where the new description has one, a file by its path, else ``at`` + its position."""
+    called ``prefix`` + its name where the new description has one, a file by its path, else ``at`` + its position.
+    A value's change repeats another with the same key (a named value's key: its name) and the same values."""
     changes = []
     for i, (o, n) in enumerate(zip(old, new), 1):
         if not isinstance(o, dict):

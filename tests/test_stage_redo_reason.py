@@ -264,3 +264,18 @@ def test_a_marker_from_before_parts_were_named_gets_the_names(tmp_path, caplog):
         io.run_stage(out, fp(0.7), lambda d: {}, name="filter")
     assert "stage filter: inputs changed (delta: 0.5 -> 0.7), redoing it" in caplog.text  # not "words: changed"
 
+
+def test_a_change_repeated_by_a_config_part_is_listed_once(tmp_path, caplog):
+    """The filter's delta is a part of its own and a key of the filter config: one change (same key, same values)
+    reads once; a key that differs in values, or another key, is still listed."""
+    def fp(delta, cfg_delta, ratio=90):
+        return io.fingerprint("filter", io.named("delta", delta),
+                              io.named("filter config", {"delta": cfg_delta, "ratio": ratio}))
+
+    line = _redo(tmp_path, caplog, fp(0.7, 0.7), fp(0.75, 0.75), "filter")
+    assert "stage filter: inputs changed (delta: 0.7 -> 0.75), redoing it" in line
+    line = _redo(tmp_path, caplog, fp(0.605, None), fp(0.7, 0.7, ratio=80), "t")
+    assert "(delta: 0.605 -> 0.7; filter config: delta null -> 0.7, ratio 90 -> 80)" in line
+    # unnamed parts have no key to repeat: both listed, as before
+    line = _redo(tmp_path, caplog, io.fingerprint(1, {"a": 1}), io.fingerprint(2, {"a": 2}), "u")
+    assert "(part 1: 1 -> 2; part 2 config: a 1 -> 2)" in line
