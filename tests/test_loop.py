@@ -250,8 +250,9 @@ def test_labels_typed_into_to_label_csv_are_not_removed_with_the_filter_stage(ba
 
 
 def test_a_redone_filter_stage_names_the_changed_delta(baseline, tmp_path, caplog):
-    """A stage redone because its inputs changed says which: here task.filter.delta, in the filter's fingerprint as
-    the threshold (part 1.4) and as a key of task.filter (part 1.5; the smoke preset sets it to 0.0)."""
+    """A stage redone because its inputs changed says which, by name: here task.filter.delta, in the filter's
+    fingerprint as the threshold (the part named delta) and as a key of task.filter (the filter config; the smoke
+    preset sets it to 0.0): the same change, listed once."""
     import logging
     import shutil
 
@@ -264,8 +265,7 @@ def test_a_redone_filter_stage_names_the_changed_delta(baseline, tmp_path, caplo
     with caplog.at_level(logging.INFO, logger="i2d2.io"):
         generics.filter_stage(make_cfg(run_dir, "task.filter.delta=0.5"), 0, it, critic, None, generics.Ranks())
     line = next(r.getMessage() for r in caplog.records if "inputs changed" in r.getMessage())
-    assert line.startswith("stage filter: inputs changed (part 1.4: 0.0 -> 0.5; part 1.5 config: delta 0.0 -> 0.5), "
-                           "redoing it (removing ")
+    assert line.startswith("stage filter: inputs changed (delta: 0.0 -> 0.5), redoing it (removing ")
 
 
 def test_rerun_skips_finished_stages_and_redoes_changed_ones(baseline, monkeypatch):

@@ -142,7 +142,7 @@ def test_a_stage_format_version_is_named(tmp_path, caplog, monkeypatch):
     monkeypatch.setitem(generics.STAGE_FORMAT, "filter", version + 1)
     with caplog.at_level(logging.INFO, logger="i2d2.io"):
         run()
-    assert f"stage filter: inputs changed (part 2: {version} -> {version + 1}), redoing it" in caplog.text
+    assert f"stage filter: inputs changed (format version: {version} -> {version + 1}), redoing it" in caplog.text
 
 
 def test_an_earlier_run_without_part_descriptions_gets_a_plain_reason(tmp_path, caplog):

@@ -28,7 +28,7 @@ from i2d2.recipes.cmp_runners import evaluate_synthetic_qa, run_downstream
 from i2d2.cmp.tasks import (TASKS, Collator, ExampleBuilder, eos_id, make_truncator, mask_token_for,
                             resolve_separator, tokenizer_lowercases, untrained_parts)
 from i2d2.cmp.textualize import cut_documents, qa_pairs
-from i2d2.io import atomic_dir, fingerprint, model_fingerprint, read_jsonl, run_stage, write_json, write_jsonl, \
+from i2d2.io import atomic_dir, fingerprint, model_fingerprint, named, read_jsonl, run_stage, write_json, write_jsonl, \
     write_text
 from i2d2.lightning_setup import build_trainer, checkpoint_weights, fit_settings, full_weights, resume_checkpoint
 from i2d2.models import load_seq2seq
@@ -500,13 +500,19 @@ def pretrain_fingerprint(cfg: DictConfig, fp_text: str, split_info: dict) -> str
     """The pre-training stage's inputs (eval and downstream include it)."""
     t = cfg.task
     # the trainer too (eval and downstream follow): accumulate_grad_batches or precision changed kept the old model
-    return fingerprint(fp_text, model_fingerprint(t.model), "cmp-pretrain-v1", fit_settings(cfg.trainer, PRETRAIN_FIT_ARGS),
-                       list(t.tasks), _container(t.get("mix")),
-                       _container(t.pretrain), _container(t.infilling), t.sep, int(cfg.seed),
-                       float(cfg.data.val_fraction), float(cfg.data.test_fraction), split_info,
+    return fingerprint(fp_text, named("model", model_fingerprint(t.model)),
+                       named("pretrain format version", "cmp-pretrain-v1"),
+                       named("trainer settings", fit_settings(cfg.trainer, PRETRAIN_FIT_ARGS)),
+                       named("tasks", list(t.tasks)), named("mix", _container(t.get("mix"))),
+                       named("pretrain config", _container(t.pretrain)),
+                       named("infilling config", _container(t.infilling)),
+                       named("sep", t.sep), named("seed", int(cfg.seed)),
+                       named("val_fraction", float(cfg.data.val_fraction)),
+                       named("test_fraction", float(cfg.data.test_fraction)), named("splits", split_info),
                        # the documents pre-training (and evaluation) read are cut to this many sentences; the
                        # default stays out of the hash so that runs from before it was fingerprinted keep theirs
-                       *([{"segment_sentences": int(t.segment_sentences)}] if int(t.segment_sentences) != 10 else []))
+                       *([named("segment config", {"segment_sentences": int(t.segment_sentences)})]
+                         if int(t.segment_sentences) != 10 else []))
 
 
 def run(cfg: DictConfig) -> dict:
@@ -529,7 +535,8 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
         check_downstream_settings(cfg)
 
     realiser_cfg = _container(t.summary.realiser)
-    fp_text = fingerprint(corpus, realiser_cfg, "cmp-textualize-v1")  # corpus bytes; v: the stage's output format
+    fp_text = fingerprint(corpus, named("realiser config", realiser_cfg),  # corpus bytes; v: the stage's output format
+                          named("textualize format version", "cmp-textualize-v1"))
     run_stage(run_dir / "textualize", fp_text, lambda d: textualize(quints, realiser_cfg, d), "textualize")
     summaries = {r["id"]: r["summary"] for r in read_jsonl(run_dir / "textualize" / "summaries.jsonl")}
 
@@ -542,7 +549,8 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
     tracker.log_metrics({f"cmp/pretrain_{when}/{k}": v for when in ("initial", "final") for k, v in pre[when].items()})
     model_dir = run_dir / "pretrain" / "model"
 
-    fp_eval = fingerprint(fp_pre, _container(t.eval), "cmp-eval-v3")  # v2: answer counts per model; v3: n per template
+    # v2: answer counts per model; v3: n per template
+    fp_eval = fingerprint(fp_pre, named("eval config", _container(t.eval)), named("eval format version", "cmp-eval-v3"))
     summary["zero_shot"] = run_stage(run_dir / "eval", fp_eval,
                                      lambda d: zero_shot_eval(cfg, splits, summaries, model_dir, d, tracker), "eval")
     if t.downstream.datasets:
@@ -550,7 +558,8 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
         ds_cfg = _container(cfg.data.downstream)
         ds_files = [resolve_path(ds_cfg.get(name, {}).get(k)) for name in t.downstream.datasets
                     for k in ("eval_path", "train_path", "dev_path")]
-        fp_ds = fingerprint(fp_pre, _container(t.downstream), ds_cfg, *[f for f in ds_files if f is not None])
+        fp_ds = fingerprint(fp_pre, named("downstream config", _container(t.downstream)),
+                            named("downstream data config", ds_cfg), *[f for f in ds_files if f is not None])
         summary["downstream"] = run_stage(run_dir / "downstream", fp_ds,
                                           lambda d: downstream(cfg, model_dir, d, tracker), "downstream")
     publish_report(run_dir, summary, _report(summary), tracker, prefix="cmp")

@@ -37,8 +37,8 @@ from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
 from i2d2.tracking import publish_report
-from i2d2.io import DataError, fingerprint, in_run, iteration_model_dir, model_fingerprint, read_jsonl, run_relative, \
-    run_stage, stream_jsonl, write_json, write_jsonl, write_text
+from i2d2.io import DataError, fingerprint, in_run, iteration_model_dir, model_fingerprint, named, read_jsonl, \
+    run_relative, run_stage, stream_jsonl, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 # runs in one process: python -m i2d2.train refuses a trainer config asking for several at start-up
@@ -375,7 +375,7 @@ def _filter_stage(name: str, in_path: Path, out_dir: Path, fp_cfg, fn, tracker=N
                  f" (dropped: {', '.join(f'{k} {v}' for k, v in dropped.items())})" if dropped else "")
         return summary
 
-    summary = run_stage(out_dir, fingerprint(in_path, fp_cfg), body, name=f"filter/{name}")
+    summary = run_stage(out_dir, fingerprint(in_path, named(f"{name} config", fp_cfg)), body, name=f"filter/{name}")
     if tracker is not None:
         tracker.log_metrics({f"filter/{name}/{k}": v for k, v in summary.items() if k != "seconds"})
     return summary
@@ -462,8 +462,10 @@ def critic_fingerprint(cfg, ccfg: dict, paths: list[Path], perplexity_baseline: 
     from critics.train import FIT_ARGS, fingerprint_view
     from i2d2.lightning_setup import fit_settings
 
-    ppl = [{"perplexity_baseline": lm_key or "generator"}] if perplexity_baseline else []
-    return fingerprint(fingerprint_view(ccfg), *paths, fit_settings(cfg.trainer, FIT_ARGS), *ppl, "split-by-entity")
+    ppl = [named("baseline ranker", {"perplexity_baseline": lm_key or "generator"})] if perplexity_baseline else []
+    return fingerprint(named("critic config", fingerprint_view(ccfg)), *paths,
+                       named("trainer settings", fit_settings(cfg.trainer, FIT_ARGS)), *ppl,
+                       named("split", "split-by-entity"))
 
 
 def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tracker=None, lm=None,
@@ -493,7 +495,7 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
         return {"in": int(len(df)), **{name: int(len(part)) for name, part in cuts.items()},
                 "out": int(min(len(p) for p in cuts.values())) if cuts else 0}
 
-    summary = run_stage(out_dir, fingerprint(in_path, critic_model, _plain(dcfg)), body,
+    summary = run_stage(out_dir, fingerprint(in_path, critic_model, named("discriminator config", _plain(dcfg))), body,
                         name="filter/discriminator")
     # what each cut holds on the critic's test split (labelled comparatives of pairs it never trained on): the
     # cuts keep fractions, so their precision beside the test base rate says whether a smaller set is a better one
@@ -558,14 +560,17 @@ def run_iteration(cfg, k: int, tracker) -> dict:
 
     t0 = time.time()
     classes_path, corpus = prompt_input_files(cfg)
-    fp = fingerprint(_plain(cfg.data), classes_path, Path(task.wordlists), _plain(task.constraints),
-                     task.max_passes, model_key, cfg.seed, UNCOUNTABLE, corpus)
+    fp = fingerprint(named("data config", _plain(cfg.data)), classes_path, Path(task.wordlists),
+                     named("constraints config", _plain(task.constraints)), named("max_passes", task.max_passes),
+                     named("model", model_key), named("seed", cfg.seed), named("uncountable nouns", UNCOUNTABLE),
+                     corpus)
     prompts = run_stage(it / "prompts", fp, lambda d: build_prompts(cfg, model, tok, d, tracker), name="prompts")
     timings["prompts"] = time.time() - t0
 
     t0 = time.time()
     prompts_path = it / "prompts" / "prompts.jsonl"
-    gen_fp = fingerprint(prompts_path, _plain(cfg.decoding), model_key, int(task.shard_size))
+    gen_fp = fingerprint(prompts_path, named("decoding config", _plain(cfg.decoding)), named("model", model_key),
+                         named("shard_size", int(task.shard_size)))
     generation = run_stage(it / "generations", gen_fp,
                            lambda d: generate_stage(model, tok, prompts_path, d, _plain(cfg.decoding), tracker,
                                                     shard_size=int(task.shard_size)), name="generations")
@@ -585,8 +590,11 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         _write_df(d / "kept.jsonl", df)
         return {"in": int(generation.get("n_generations", 0)), "out": int(len(df))}
 
-    cand_fp = fingerprint(gen_union, bool(task.first_sentence), bool(task.cut_at_clause),
-                          bool(task.require_satisfied), keys, wl.comparatives, "coordinated-comparatives-v1")
+    cand_fp = fingerprint(gen_union, named("first_sentence", bool(task.first_sentence)),
+                          named("cut_at_clause", bool(task.cut_at_clause)),
+                          named("require_satisfied", bool(task.require_satisfied)), named("group keys", keys),
+                          named("comparatives word list", wl.comparatives),
+                          named("format version", "coordinated-comparatives-v1"))
     counts = {"generated": {"in": int(prompts["n_prompts"]), "out": int(generation.get("n_generations", 0))},
               "candidates": run_stage(fdir / "candidates", cand_fp, cand_body, name="candidates")}
     cand_path = fdir / "candidates" / "kept.jsonl"
@@ -652,8 +660,10 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         qa_model_key = model_fingerprint(task.qa.evaluate.model) if task.qa.evaluate.model else model_key
         metrics["comparative_qa"] = run_stage(
             # v2: runs before it recorded a statement set's name as the scoring model's
-            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl", _plain(task.qa.evaluate), qa_model_key, cfg.seed,
-                                        "qa-eval-v2"),
+            it / "qa_eval", fingerprint(it / "comparative_qa.jsonl",
+                                        named("qa.evaluate config", _plain(task.qa.evaluate)),
+                                        named("qa model", qa_model_key), named("seed", cfg.seed),
+                                        named("format version", "qa-eval-v2")),
             lambda d: qa_eval_stage(cfg, it / "comparative_qa.jsonl", d, (model, tok), name), name="qa_eval")
         metrics["timings_s"]["qa_eval"] = round(time.time() - t0, 1)
         write_json(it / "metrics.json", metrics)
@@ -664,8 +674,10 @@ def run_iteration(cfg, k: int, tracker) -> dict:
             t0 = time.time()
             items = benchmark_items(cfg)
             metrics["comparative_qa_benchmark"] = run_stage(
-                it / "qa_benchmark", fingerprint(items, _plain(task.qa.evaluate), qa_model_key, cfg.seed,
-                                                 "qa-benchmark-v2"),
+                it / "qa_benchmark", fingerprint(named("benchmark items", items),
+                                                 named("qa.evaluate config", _plain(task.qa.evaluate)),
+                                                 named("qa model", qa_model_key), named("seed", cfg.seed),
+                                                 named("format version", "qa-benchmark-v2")),
                 lambda d: qa_benchmark_stage(cfg, items, d, (model, tok), name), name="qa_benchmark")
             metrics["timings_s"]["qa_benchmark"] = round(time.time() - t0, 1)
             write_json(it / "metrics.json", metrics)

@@ -46,7 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from i2d2.lightning_setup import plain as _plain  # config node -> plain dicts/lists
 from i2d2.config import ConfigError, is_int, is_num, need, need_counts
 from i2d2.concepts import data_files
-from i2d2.io import DONE, DamagedOutputError, DataError, fingerprint, in_run, iteration_model_dir, mark_done, \
+from i2d2.io import DONE, DamagedOutputError, DataError, fingerprint, in_run, iteration_model_dir, mark_done, named, \
     model_fingerprint, prepare_stage, read_json, read_jsonl, read_table, run_relative, run_stage, stage_done, \
     verified_iteration_model, write_json, write_jsonl, write_text
 
@@ -298,7 +298,7 @@ def stage(ranks: Ranks, out_dir: Path, fp: str, fn: Callable[[Path], dict | None
     """``run_stage`` with ranks: rank-0 stages make the others wait; all-rank stages run ``fn`` everywhere.
     The stage's format version joins its fingerprint; ``outputs`` outside ``out_dir`` are removed before a run."""
     out_dir = Path(out_dir)
-    fp = fingerprint(fp, STAGE_FORMAT[name])
+    fp = fingerprint(fp, named("format version", STAGE_FORMAT[name]))
     if ranks.mode != "subprocess":
         return run_stage(out_dir, fp, fn, name, outputs)
     if not all_ranks:
@@ -388,7 +388,9 @@ def prompt_scores_stage(cfg, it_dir: Path, texts: list[str], lm, ranks: Ranks) -
     out = it_dir / "prompt_scores"
     ppl_cfg = _plain(_get(cfg.data, "perplexity") or {})
     # what the scores depend on: the texts, the unit, the model and the number of shares (not the threshold)
-    fp = fingerprint("prompt_scores", texts, ppl_cfg.get("per") or "word", _model_id(str(cfg.model.name)), ranks.world,
+    fp = fingerprint("prompt_scores", named("prompt variants", texts),
+                     named("perplexity per", ppl_cfg.get("per") or "word"),
+                     named("model", _model_id(str(cfg.model.name))), named("ranks", ranks.world),
                      *_dtype_part(cfg, str(cfg.model.name)))
 
     def fn(d: Path) -> dict:
@@ -410,7 +412,8 @@ def _dtype_part(cfg, name: str) -> list:
     perplexity and fine-tunes otherwise than a float32 one); none for the default float32 (a run from before keeps
     its fingerprints) and for tiny:* models, which load in float32 whatever it says."""
     dtype = _get(cfg.model, "dtype")
-    return [] if str(dtype) in ("None", "float32", "torch.float32") or str(name).startswith("tiny:") else [{"dtype": str(dtype)}]
+    return [] if str(dtype) in ("None", "float32", "torch.float32") or str(name).startswith("tiny:") \
+        else [named("model config", {"dtype": str(dtype)})]
 
 
 def _heldout_overlap(cfg_data, held: set[str]) -> list:
@@ -419,7 +422,7 @@ def _heldout_overlap(cfg_data, held: set[str]) -> list:
     from i2d2.concepts import load_concepts
 
     overlap = sorted(held & {c.text.lower() for c in load_concepts(cfg_data)}) if held else []
-    return [{"heldout_excluded": overlap}] if overlap else []
+    return [named("heldout overlap", {"heldout_excluded": overlap})] if overlap else []
 
 
 def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple[Path, dict]:
@@ -433,8 +436,10 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     scored = cand = None
     if k == 0:
         # the concept and phrase files' bytes, not only their paths: an edited concepts.txt is a new input
-        fp = fingerprint("prompts", _plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name)),
-                         max_prompts, sampling, int(cfg.seed), *_heldout_overlap(cfg.data, held),
+        fp = fingerprint("prompts", named("data config", _plain(cfg.data)), *data_files(cfg.data),
+                         named("model", _model_id(str(cfg.model.name))), named("max_prompts", max_prompts),
+                         named("prompt_sampling", sampling), named("seed", int(cfg.seed)),
+                         *_heldout_overlap(cfg.data, held),
                          *_dtype_part(cfg, str(cfg.model.name)))
         if stage_done(out, fingerprint(fp, STAGE_FORMAT["prompts"])) is None:  # a built pool needs no scores
             cand = prompt_candidates(cfg.data, exclude=held)  # on every rank: each scores its share of the same variants
@@ -442,7 +447,9 @@ def prompts_stage(cfg, k: int, it_dir: Path, lm, tracker, ranks: Ranks) -> tuple
     else:
         if not pool0.exists():
             raise MissingIterationError(f"iteration {k} reuses iteration 0's prompt pool, but {pool0} is missing")
-        fp = fingerprint("prompts", pool0, max_prompts, sampling, int(cfg.seed), k if sampling == "fresh" else 0)
+        fp = fingerprint("prompts", pool0, named("max_prompts", max_prompts), named("prompt_sampling", sampling),
+                         named("seed", int(cfg.seed)),
+                         named("fresh prompts for iteration", k if sampling == "fresh" else 0))
 
     def fn(d: Path) -> dict:
         info: dict = {}
@@ -502,7 +509,8 @@ def generation_stage(cfg, it_dir: Path, prompts_path: Path, model_key: str, lm, 
     shard = int(_get(cfg.data, "generation.shard_size", 64))
     sample_rows = int(_get(cfg.data, "generation.sample_rows", 20))
     decoding = _plain(cfg.decoding)
-    fp = fingerprint("generation", prompts_path, decoding, shard, model_key, *_dtype_part(cfg, lm.name))
+    fp = fingerprint("generation", prompts_path, named("decoding config", decoding), named("shard_size", shard),
+                     named("model", model_key), *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -561,7 +569,8 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
     # what the fit runs under (accumulate_grad_batches, gradient_clip_val, precision, ranks): a critic trained with
     # other settings was reused, in this iteration and the next; a probe is fitted without a trainer
     fit = [] if view.get("kind") == "probe" else [fit_settings(critic_trainer(cfg, ranks), FIT_ARGS)]
-    labels_fp = fingerprint("critic", *paths, view, *fit)
+    labels_fp = fingerprint("critic", *paths, named("critic config", view),
+                            *[named("trainer settings", f) for f in fit])
     policy = _get(cfg.task, "critic.refresh", "new_labels")
     source = None  # the iteration whose critic to reuse
     if k > 0 and policy != "always":
@@ -582,8 +591,10 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
             break
     # a critic trained here also reports P_k's perplexity as the baseline ranker (ap_perplexity): which LM that is,
     # is an input too (a run folder continued with another model.name must not keep the old model's baseline)
-    trained_by = [{"perplexity_baseline": model_key}, *_dtype_part(cfg, lm.name)] if source is None else []
-    fp = fingerprint(labels_fp, policy, None if source is None else in_run(source[1]["model_dir"], cfg.run_dir),  # weights
+    trained_by = [named("baseline ranker", {"perplexity_baseline": model_key}), *_dtype_part(cfg, lm.name)] \
+        if source is None else []
+    fp = fingerprint(labels_fp, named("critic refresh", policy),  # a reused critic by its weights
+                     named("reused critic", None if source is None else in_run(source[1]["model_dir"], cfg.run_dir)),
                      *trained_by)
 
     def fn(d: Path) -> dict:
@@ -817,7 +828,8 @@ def scores_stage(cfg, it_dir: Path, critic: dict, ranks: Ranks) -> dict:
     mode = str(_get(cfg.task.filter, "truncate", "sentence"))
     require_end = bool(_get(cfg.task.filter, "require_sentence_end", True))
     critic_dir = in_run(critic["model_dir"], cfg.run_dir)
-    fp = fingerprint("critic_scores", gens / "table", critic_dir, mode, require_end, ranks.world)
+    fp = fingerprint("critic_scores", gens / "table", critic_dir, named("truncate", mode),
+                     named("require_sentence_end", require_end), named("ranks", ranks.world))
     batch_size = int(_get(cfg.critic, "eval_batch_size", 64))
 
     def fn(d: Path) -> dict:
@@ -844,7 +856,9 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
     # the critic's weights, not its path; the format version changes when the stage's output format does;
     # num_proc changes the speed, not the result
     critic_dir = in_run(critic["model_dir"], cfg.run_dir)
-    fp = fingerprint("filter", gens / "table", critic_dir, delta, {a: b for a, b in fcfg.items() if a != "num_proc"}, acfg)
+    fp = fingerprint("filter", gens / "table", critic_dir, named("delta", delta),
+                     named("filter config", {a: b for a, b in fcfg.items() if a != "num_proc"}),
+                     named("annotation config", acfg))
     # to_label.csv is labelled where it lies (its name asks for it): the stage folder is removed when the stage is
     # redone (inputs changed) or an output of it changed, and the labels themselves change the file, so a rerun
     # deleted them with a one-line warning. Every rank reads the file: none waits for a rank 0 that stopped here.
@@ -912,8 +926,11 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
     prompts0 = Path(cfg.run_dir) / "iter_0" / "heldout" / "prompts.jsonl"
     decoding = _plain(cfg.decoding)
     mode = _get(cfg.task, "filter.truncate", "sentence")
-    source = (_plain(cfg.data), *data_files(cfg.data), _model_id(str(cfg.model.name))) if k == 0 else (prompts0,)
-    fp = fingerprint("heldout", hcfg, *source, decoding, model_key, mode, int(cfg.seed), *_dtype_part(cfg, lm.name))
+    source = (named("data config", _plain(cfg.data)), *data_files(cfg.data),
+              named("base model", _model_id(str(cfg.model.name)))) if k == 0 else (prompts0,)
+    fp = fingerprint("heldout", named("heldout config", hcfg), *source, named("decoding config", decoding),
+                     named("model", model_key), named("truncate", mode), named("seed", int(cfg.seed)),
+                     *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         model, tok = lm()
@@ -965,9 +982,9 @@ def finetune_stage(cfg, k: int, it_dir: Path, model_key: str, lm, logger, ranks:
     ft = _plain(cfg.task.finetune)
     tc = _plain(cfg.trainer)
     result_keys = {k_: v for k_, v in ft.items() if k_ not in ("keep_checkpoints", "ckpt_every_n_steps")}
-    fp = fingerprint("finetune", kept_path, result_keys,
-                     fit_settings(tc),
-                     model_key, int(cfg.seed), *_dtype_part(cfg, lm.name))
+    fp = fingerprint("finetune", kept_path, named("finetune config", result_keys),
+                     named("trainer settings", fit_settings(tc)),
+                     named("model", model_key), named("seed", int(cfg.seed)), *_dtype_part(cfg, lm.name))
 
     def fn(d: Path) -> dict:
         rows = read_jsonl(kept_path, required=("generation",))

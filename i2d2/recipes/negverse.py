@@ -18,7 +18,7 @@ import hydra
 from omegaconf import DictConfig
 
 from i2d2.lightning_setup import fit_settings, plain as _c  # plain: config node -> plain dicts/lists
-from i2d2.io import DataError, fingerprint, model_fingerprint, read_jsonl, run_relative, run_stage, write_json, \
+from i2d2.io import DataError, fingerprint, model_fingerprint, named, read_jsonl, run_relative, run_stage, write_json, \
     write_jsonl, write_text
 from i2d2.tracking import Tracker, publish_report, tracked_run
 from i2d2.resume import seed_fit
@@ -257,11 +257,13 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     # only what the data stage reads: the evaluation file and generation-time masking (max_variants,
     # min_two_blank) change the evaluation, not the training pairs
     m = cfg.task.masking
-    fp_data = fingerprint(*files, {k: d.get(k) for k in ("pairs", "affirmatives", "use_rules", "rules_on_pairs")},
-                          {"rules": list(m.rules), "max_blanks": int(m.max_blanks),
-                           "train_max_variants": int(m.train_max_variants)},
-                          float(cfg.task.train.val_fraction), int(cfg.seed), "negverse-data-v3",
-                          *_spacy_fingerprint(cfg.task.spacy, nlp))
+    fp_data = fingerprint(*files, named("data config", {k: d.get(k) for k in ("pairs", "affirmatives", "use_rules",
+                                                                              "rules_on_pairs")}),
+                          named("masking config", {"rules": list(m.rules), "max_blanks": int(m.max_blanks),
+                                                   "train_max_variants": int(m.train_max_variants)}),
+                          named("val_fraction", float(cfg.task.train.val_fraction)), named("seed", int(cfg.seed)),
+                          named("data format version", "negverse-data-v3"),
+                          *[named("spacy pipeline", p) for p in _spacy_fingerprint(cfg.task.spacy, nlp)])
     data_dir = run_dir / "data"
     data_stats = run_stage(data_dir, fp_data, lambda out: data_stage(cfg, nlp, out), "negverse-data")
     log.info("negverse data: %s", data_stats)
@@ -272,9 +274,12 @@ def _run(cfg: DictConfig, tracker: Tracker) -> dict:
     log.info("negverse training: %s", train_summary)
 
     eval_file = Path(d.eval_sentences or DATA_DIR / "eval_sentences.txt")
-    fp_eval = fingerprint(fp_train, eval_file, Path(cfg.task.cue_lexicon), _c(cfg.task.generate),
-                          _c(cfg.task.filters), _c(cfg.task.masking), int(cfg.seed),
-                          _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None, "negverse-eval-v9")
+    fp_eval = fingerprint(fp_train, eval_file, Path(cfg.task.cue_lexicon),
+                          named("generate config", _c(cfg.task.generate)),
+                          named("filters config", _c(cfg.task.filters)), named("masking config", _c(cfg.task.masking)),
+                          named("seed", int(cfg.seed)),
+                          named("cue_tagger config", _c(cfg.task.cue_tagger) if cfg.task.get("cue_tagger") else None),
+                          named("eval format version", "negverse-eval-v9"))
     # eval format: v3 verb checks, v4 subject / lone "no" / preposition, v5 questions, imperatives, inversion...,
     # v6 each sentence once, dedupe folds a final .!? and ’, counts beside the rates, untyped shares null,
     # v7 neither / nor after a determiner, a cue for a determiner, a changed tense, v8 a changed verb number,
@@ -297,8 +302,10 @@ def train_fingerprint(cfg: DictConfig, fp_data: str) -> str:
     trainer's (accumulate_grad_batches, precision or gradient clipping changed kept the old soft prompt). The
     checkpoint cadence is where a killed fit resumes from, not what it learns."""
     train_keys = {k: v for k, v in _c(cfg.task.train).items() if k != "checkpoint_every"}
-    return fingerprint(fp_data, model_fingerprint(cfg.model.name), _c(cfg.task.prompt), train_keys,
-                       fit_settings(cfg.trainer, TRAIN_FIT_ARGS), "negverse-train-v3")
+    return fingerprint(fp_data, named("model", model_fingerprint(cfg.model.name)),
+                       named("prompt config", _c(cfg.task.prompt)), named("train config", train_keys),
+                       named("trainer settings", fit_settings(cfg.trainer, TRAIN_FIT_ARGS)),
+                       named("train format version", "negverse-train-v3"))
 
 
 def _spacy_fingerprint(name: str, nlp) -> list:
