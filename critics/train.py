@@ -25,7 +25,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -232,6 +232,13 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
     return rows, texts, ys, splits, n_unfinished
 
 
+def log_critic_metrics(tracker, summary: Mapping) -> None:
+    """The critic's numbers to the tracker as ``critic/<key>``: after its fit, and in a later iteration that reuses it
+    (its run has no other record of them)."""
+    tracker.log_metrics({f"critic/{k}": v for k, v in summary.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None})
+
+
 def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: str | Path, trainer_cfg=None,
                  tracker=None, lm=None, keys: dict | None = None) -> dict:
     """Train (or reuse) the critic in ``out_dir``; return its summary.
@@ -360,8 +367,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     write_json(out_dir / "metrics.json", {**summary, **{k: Path(summary[k]).relative_to(out_dir).as_posix()
                                                         for k in ("model_dir", "pr_curve", "score_histogram")}})
     if tracker is not None:
-        tracker.log_metrics({f"critic/{k}": v for k, v in summary.items()
-                             if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None})
+        log_critic_metrics(tracker, summary)
         tracker.log_image("critic/pr_curve", out_dir / "pr_curve.png")
         tracker.log_image("critic/score_histogram", out_dir / "score_histogram.png")
         tracker.log_table("critic/test_scores", list(test_rows[0]), [list(r.values()) for r in test_rows])

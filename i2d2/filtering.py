@@ -186,8 +186,9 @@ def write_filtered(out_dir: str | Path, kept, dropped, delta: float | None = Non
     summary = {"n_in": n, "n_kept": len(kept), "n_dropped": len(dropped),
                "keep_rate": len(kept) / n if n else 0.0, "delta": delta}
     write_json(out_dir / "summary.json", summary)
-    if tracker is not None:
-        tracker.log_metrics({f"filter/{k}": v for k, v in summary.items() if v is not None})
+    if tracker is not None:  # keep_rate as the report names it (the file keeps its key: runs read it back)
+        tracker.log_metrics({f"filter/{'kept_fraction' if k == 'keep_rate' else k}": v for k, v in summary.items()
+                             if v is not None})
     return summary
 
 

@@ -559,7 +559,7 @@ def critic_trainer(cfg, ranks: Ranks) -> dict:
 
 
 def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
-    from critics.train import FIT_ARGS, fingerprint_view, train_critic
+    from critics.train import FIT_ARGS, fingerprint_view, log_critic_metrics, train_critic
     from i2d2.annotation import critic_annotation_paths
     from i2d2.lightning_setup import fit_settings
 
@@ -606,7 +606,10 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
                 if src.exists():
                     shutil.copyfile(src, d / f)
             log.info("critic: labels unchanged since iteration %d (task.critic.refresh=%s): reusing its critic", j, policy)
-            return {**info, "reused_from": j if info.get("reused_from") is None else info["reused_from"]}
+            reused = {**info, "reused_from": j if info.get("reused_from") is None else info["reused_from"]}
+            if tracker is not None:  # this iteration's run records its critic's numbers under critic/ as a fit's
+                log_critic_metrics(tracker, reused)
+            return reused
         summary = train_critic(cfg.critic, paths, d, trainer_cfg=critic_trainer(cfg, ranks), tracker=tracker,
                                lm=lm() if ranks.zero else None)  # P_k's perplexity: the baseline ranker
         # recorded relative to run_dir (the run folder can move); read back with in_run
@@ -964,7 +967,8 @@ def heldout_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks:
         summary = {"n_prompts": len(prompts), "n_concepts": len({p["concept"] for p in prompts.values()}),
                    "n_generations": len(rows), "self_bleu": div["self_bleu"], "distinct_fraction": div["distinct_fraction"]}
         if tracker is not None:
-            tracker.log_metrics({f"heldout/{a}": b for a, b in summary.items() if b is not None})
+            # self_bleu: the report's heldout_self_bleu, measured again with the report's settings
+            tracker.log_metrics({f"heldout/{a}": b for a, b in summary.items() if b is not None and a != "self_bleu"})
         return summary
 
     summary = stage(ranks, out, fp, fn, "heldout")

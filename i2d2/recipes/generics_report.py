@@ -345,6 +345,19 @@ def pick_samples(kept: Sequence[Mapping], dropped: Sequence[Mapping], n: int = 1
             "Rejected by the critic, lowest score": worst}
 
 
+# the report's numbers that a stage of the same run logs under its own name: the report does not log them again
+# (a second name for one quantity), its report.md and metrics.json keep them
+LOGGED_BY_STAGE = {
+    "n_prompts": "generation/n_prompts", "n_generations": "generation/n_generations",
+    "constraint_satisfaction_rate": "generation/constraint_satisfaction_rate", "prompts_per_s": "generation/prompts_per_s",
+    "delta": "filter/delta", "n_kept": "filter/n_kept", "kept_fraction": "filter/kept_fraction",
+    "heldout_n_generations": "heldout/n_generations",
+    **{f"critic_{k}": f"critic/{k}" for k in (
+        "ap", "ap_perplexity", "delta", "dev_precision", "n_test", "n_test_concepts", "surface_ap", "surface_auc_gap",
+        "probe_shift", "probe_shift_read", "probe_ap")},
+}
+
+
 def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence[Mapping],
                  dropped: Sequence[Mapping], pr: Mapping, tracker=None, n_samples: int = 10, seed: int = 0) -> dict:
     """Write ``iter_dir/report/{metrics.json, pr_data.json, pr_curves.png}`` and ``iter_dir/report.md``."""
@@ -360,8 +373,8 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
     md = render_markdown(metrics, samples, hist, "report/pr_curves.png" if aps else None)
     write_text(iter_dir / "report.md", md)
     if tracker is not None:
-        tracker.log_metrics({f"report/{k}": v for k, v in metrics.items()
-                             if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None
+        tracker.log_metrics({f"report/{k}": v for k, v in metrics.items() if k not in LOGGED_BY_STAGE
+                             and isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None
                              and not (isinstance(v, float) and math.isnan(v))}, step=int(metrics["iteration"]))
         cols = ["sample", "critic_score", "all_satisfied", "prompt", "generation", "concept"]
         tracker.log_table("report/samples", cols, [[t, r["critic_score"], r.get("all_satisfied"), r.get("prompt"),
