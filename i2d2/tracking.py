@@ -11,7 +11,7 @@ W&B logger config (opt-in) uploads kept sets and models as W&B artifacts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -200,15 +200,17 @@ def scalars(summary: Mapping, prefix: str = "") -> dict[str, float]:
 
 
 def publish_report(out_dir: str | Path, summary: Mapping, markdown: str, tracker: Tracker | None = None,
-                   prefix: str = "report") -> Path:
+                   prefix: str = "report", logged_by_stages: Collection[str] = ()) -> Path:
     """Every recipe's end: ``report.json`` (the numbers) and ``report.md`` (for a person) in ``out_dir``, written
-    atomically; the numbers to every logger under ``prefix/``; the report's path in the log."""
+    atomically; the numbers to every logger under ``prefix/``, except the parts of the summary (``a`` or ``a/b``)
+    in ``logged_by_stages``, which its stages logged under their own names; the report's path in the log."""
     from i2d2.io import write_json, write_text
 
     out_dir = Path(out_dir)
     write_json(out_dir / "report.json", summary)
     path = write_text(out_dir / "report.md", markdown)
     if tracker is not None:
-        tracker.log_metrics(scalars(summary, prefix))
+        skip = tuple(f"{prefix}/{part}/" for part in logged_by_stages)
+        tracker.log_metrics({k: v for k, v in scalars(summary, prefix).items() if not f"{k}/".startswith(skip)})
     log.info("report: %s", path)
     return path

@@ -36,7 +36,7 @@ from i2d2.metrics import wilson_interval
 from i2d2.comparatives.prompts import make_pairs, perplexity_filter, prompt_rows, select_passes
 from i2d2.comparatives.qa import export_qa
 from i2d2.comparatives.wordlists import load_wordlists
-from i2d2.tracking import publish_report
+from i2d2.tracking import publish_report, scalars
 from i2d2.io import DataError, fingerprint, in_run, iteration_model_dir, model_fingerprint, named, read_jsonl, \
     run_relative, run_stage, stream_jsonl, write_json, write_jsonl, write_text
 
@@ -641,9 +641,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     qa_src = task.qa.source if disc is not None else "nc"  # (check_config: the source is one of the cuts)
     metrics["qa_source"] = qa_src
     write_json(it / "metrics.json", metrics)
-    if tracker is not None:
-        tracker.log_metrics({f"{n}/{k}": v for n, m in sets.items() for k, v in metrics[n].items()
-                             if isinstance(v, (int, float)) and v is not None and np.isfinite(v)})
+    if tracker is not None:  # the sets' metrics reach the loggers with the report, as comparatives/<set>/*
         tracker.log_table("comparatives/stage_counts", ["stage", "in", "out"],
                           [[s, c.get("in"), c.get("out")] for s, c in counts.items()])
         if metrics["passes"]:
@@ -668,8 +666,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         metrics["timings_s"]["qa_eval"] = round(time.time() - t0, 1)
         write_json(it / "metrics.json", metrics)
         if tracker is not None:
-            tracker.log_metrics({f"qa/{k}": v for k, v in metrics["comparative_qa"].items()
-                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
+            tracker.log_metrics(scalars(metrics["comparative_qa"], "qa"))
         if task.qa.benchmark:  # the same LM on the comparatives people judged true (§4.1), not on its own cut
             t0 = time.time()
             items = benchmark_items(cfg)
@@ -682,8 +679,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
             metrics["timings_s"]["qa_benchmark"] = round(time.time() - t0, 1)
             write_json(it / "metrics.json", metrics)
             if tracker is not None:
-                tracker.log_metrics({f"qa_benchmark/{k}": v for k, v in metrics["comparative_qa_benchmark"].items()
-                                     if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                tracker.log_metrics(scalars(metrics["comparative_qa_benchmark"], "qa_benchmark"))
     del model
 
     # ---- samples + report
@@ -696,7 +692,11 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         samples = best[cols].head(int(task.samples))
     if tracker is not None and len(samples):
         tracker.log_table("comparatives/samples", cols, samples.values.tolist())
-    publish_report(it, metrics, _report(k, prompts, counts, metrics, samples, qa[:5]), tracker, prefix="comparatives")
+    # what the stages logged under their own names (filter/<stage>/*, critic/*, qa/*, qa_benchmark/*) is not logged
+    # again under comparatives/
+    publish_report(it, metrics, _report(k, prompts, counts, metrics, samples, qa[:5]), tracker, prefix="comparatives",
+                   logged_by_stages=[*(f"counts/{s}" for s in (*FILTER_STAGES, "discriminator")), "critic",
+                                     "comparative_qa", "comparative_qa_benchmark"])
     log.info("comparatives iteration %d: %s", k, {s: c.get("out") for s, c in counts.items()})
     return metrics
 
