@@ -205,7 +205,7 @@ def test_zero_shot_base_model_does_not_depend_on_the_rng_state(tmp_path, monkeyp
     monkeypatch.setattr(rec, "run_downstream", lambda loader, *a, **k: seen.append(loader()[0].lm_head.weight) or
                         {"metrics": {}, "model": "base"})
     rec.downstream(_cmp_cfg(tmp_path, "task.downstream.models=[base]", "task.downstream.datasets=[hotpotqa]"),
-                   tmp_path / "model", tmp_path / "ds", Tracker())
+                   tmp_path / "model", tmp_path / "ds")
     assert torch.equal(seen[0], bases[0])
 
 

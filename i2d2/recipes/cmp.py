@@ -274,9 +274,8 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
         top_pred, n_top = answers.most_common(1)[0] if rows else (None, 0)
         metrics = {**metrics, "n_distinct_predictions": len(answers),
                    "top_prediction": top_pred, "top_prediction_share": n_top / len(rows) if rows else None}
-        out[name] = metrics
-        tracker.log_metrics({f"cmp/zero_shot_{name}/{k}": v for k, v in metrics.items() if k != "top_prediction"})
-        tracker.log_table(f"cmp/zero_shot_{name}_samples", ["template", "question", "answer", "prediction"],
+        out[name] = metrics  # its numbers reach the loggers once, with the report (cmp/zero_shot/<name>/*)
+        tracker.log_table(f"cmp/zero_shot/{name}/samples", ["template", "question", "answer", "prediction"],
                           [[r["template"], r["question"], r["answer"], r["prediction"]] for r in rows[:50]])
         del model
     # reference point: always answering the most frequent training answer (e.g. "yes")
@@ -285,7 +284,6 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
     top = Counter(p.answer for q in splits["train"] for p in qa_pairs(q)).most_common(1)[0][0]
     refs = [p.answer for q in held_out for p in qa_pairs(q)]
     out["constant"] = {**qa_scores([top] * len(refs), refs), "answer": top}
-    tracker.log_metrics({f"cmp/zero_shot_constant/{k}": v for k, v in out["constant"].items() if k != "answer"})
     write_json(out_dir / "metrics.json", out)
     return out
 
@@ -337,7 +335,7 @@ def check_downstream_settings(cfg: DictConfig) -> None:
                 shot_count(k, len(pool), key, bool(d.allow_fewer_shots))
 
 
-def downstream(cfg, model_dir: Path, out_dir: Path, tracker: Tracker) -> dict:
+def downstream(cfg, model_dir: Path, out_dir: Path) -> dict:
     t, d = cfg.task, cfg.task.downstream
     loaders = {"pretrained": lambda: load_model(str(model_dir), t), "base": lambda: load_model(t.model, t)}
     protocol = downstream_protocol(t)
@@ -355,8 +353,7 @@ def downstream(cfg, model_dir: Path, out_dir: Path, tracker: Tracker) -> dict:
                                          max_source_length=int(t.pretrain.max_source_length))
                     write_json(unit, {**res, "model": which, "smoke": ds["smoke"]})
                 res = {m: v for m, v in json.loads(unit.read_text()).items() if m != "predictions"}
-                results[unit.stem] = res
-                tracker.log_metrics({f"cmp/downstream/{unit.stem}/{m}": v for m, v in res["metrics"].items()})
+                results[unit.stem] = res  # logged with the report: cmp/downstream/<unit>/metrics/*
     return results
 
 
@@ -545,8 +542,6 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
     fp_pre = pretrain_fingerprint(cfg, fp_text, split_info)
     summary["pretrain"] = run_stage(run_dir / "pretrain", fp_pre,
                                     lambda d: pretrain(cfg, splits, summaries, d, logger), "pretrain")
-    pre = summary["pretrain"]
-    tracker.log_metrics({f"cmp/pretrain_{when}/{k}": v for when in ("initial", "final") for k, v in pre[when].items()})
     model_dir = run_dir / "pretrain" / "model"
 
     # v2: answer counts per model; v3: n per template
@@ -561,7 +556,9 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
         fp_ds = fingerprint(fp_pre, named("downstream config", _container(t.downstream)),
                             named("downstream data config", ds_cfg), *[f for f in ds_files if f is not None])
         summary["downstream"] = run_stage(run_dir / "downstream", fp_ds,
-                                          lambda d: downstream(cfg, model_dir, d, tracker), "downstream")
+                                          lambda d: downstream(cfg, model_dir, d), "downstream")
+    # every stage's numbers reach the loggers here, once, also when a stage is reused: cmp/pretrain/{initial,final}/*,
+    # cmp/zero_shot/<model>/*, cmp/downstream/<unit>/*
     publish_report(run_dir, summary, _report(summary), tracker, prefix="cmp")
     log.info("CMP report:\n%s", _report(summary))
     return summary
