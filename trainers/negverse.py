@@ -43,7 +43,9 @@ class NegVerseModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         loss = self.lm.loss(batch["input_ids"], batch["attention_mask"], batch["labels"])
-        self.log("val/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        # the recipe validates once, after the fit: the number reaches the loggers as negverse/train/val_loss (the
+        # report), so here it only goes back to the caller (trainer.validate's result)
+        self.log("val/loss", loss, prog_bar=True, logger=False, batch_size=batch["input_ids"].shape[0])
         return loss
 
     def configure_optimizers(self):

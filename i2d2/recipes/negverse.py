@@ -169,7 +169,8 @@ def train_stage(cfg, data_dir: Path, out_dir: Path, logger) -> dict:
     fit_s = time.time() - t0
     val_loss, n_val_loss = None, 0
     if val_dl is not None:
-        val_loss = float(trainer.validate(module, val_dl, verbose=False)[0]["val/loss"])
+        trainer.validate(module, val_dl, verbose=False)  # val/loss is not logged (trainers.negverse): read it back
+        val_loss = float(trainer.callback_metrics["val/loss"])
         # the loss reads the first task.train.val_batches batches only (16 of the bundled data's 84 validation
         # examples at the defaults): its count goes beside it, n_val in the data table is the whole split
         n_val_loss = min(len(val_dl.dataset), int(tr.val_batches) * int(tr.batch_size))
