@@ -550,7 +550,7 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
     if tracker is not None:
         tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         step = max(1, len(rows) // 20)
-        tracker.log_table("prompts/sample", ["prompt_id", "prompt", "concept", "kind", "related", "perplexity"],
+        tracker.log_table("prompts/samples", ["prompt_id", "prompt", "concept", "kind", "related", "perplexity"],
                           [[r["prompt_id"], r["prompt"], r["concept"], r["kind"], r["related"], r["perplexity"]]
                            for r in rows[::step][:20]])
     return summary

@@ -210,7 +210,7 @@ def eval_stage(cfg, nlp, adapter: Path, out_dir: Path, tracker: Tracker) -> dict
     write_text(out_dir / "samples.md", samples_markdown(kept, sentences))
     # the numbers reach the loggers once, as negverse/eval/* (publish_report, also when this stage is reused);
     # logging them here too put every metric under a second name (negverse/keep_rate beside negverse/eval/keep_rate)
-    tracker.log_table("negverse/negations", ["original", "negation", "type", "masked", "lev_distance"],
+    tracker.log_table("negverse/eval/negations", ["original", "negation", "type", "masked", "lev_distance"],
                       [[r["original"], r["negation"], r["negation_type"], r["masked"], r["lev_distance"]]
                        for r in kept])
     return metrics
