@@ -172,3 +172,78 @@ def test_metrics_logged_after_the_last_fit_reach_the_csv_when_the_run_finishes(t
     tracker.finish()
     csv_files = list((tmp_path / "run").rglob("metrics.csv"))
     assert len(csv_files) == 1 and "negverse/eval/keep_rate" in csv_files[0].read_text().splitlines()[0]
+
+
+def _logged_names(run_dir: Path, wait_s: float = 60.0) -> tuple[set[str], set[str]]:
+    """(scalar metric names, table and media names) of the W&B offline run(s) under run_dir, read once each log ends
+    with its exit record (W&B's service writes it after ``wandb.finish()`` returns)."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        keys, exited = set(), []
+        for log_path in sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb")):
+            done = False
+            try:
+                for rec in _wandb_records(log_path):
+                    done |= rec.HasField("exit")
+                    keys |= {item.key or "/".join(item.nested_key)
+                             for item in (rec.history.item if rec.HasField("history") else [])}
+            except (AssertionError, DecodeError):
+                pass
+            exited.append(done)
+        if (exited and all(exited)) or time.monotonic() > deadline:
+            # a table or an image is recorded as its fields: <name>/_type, <name>/path, ...
+            media = {k.rsplit("/", 1)[0] for k in keys if k.endswith("/_type")}
+            metrics = {k for k in keys if not k.startswith("_") and not any(k.startswith(f"{m}/") for m in media)}
+            return metrics, media
+        time.sleep(0.5)
+
+
+# one quantity that a recipe logged under two names: (the name it keeps, the second name it no longer logs)
+ALIASES = {
+    "i2d2": [("filter/kept_fraction", "filter/keep_rate"), ("filter/kept_fraction", "report/kept_fraction"),
+             ("filter/n_kept", "report/n_kept"), ("filter/delta", "report/delta"),
+             ("generation/n_prompts", "report/n_prompts"), ("generation/n_generations", "report/n_generations"),
+             ("generation/constraint_satisfaction_rate", "report/constraint_satisfaction_rate"),
+             ("generation/prompts_per_s", "report/prompts_per_s"), ("critic/ap", "report/critic_ap"),
+             ("critic/surface_ap", "report/critic_surface_ap"), ("critic/probe_shift", "report/critic_probe_shift"),
+             ("heldout/n_generations", "report/heldout_n_generations"),
+             ("report/heldout_self_bleu", "heldout/self_bleu")],
+    "comparatives": [("filter/dedup/out", "comparatives/counts/dedup/out"), ("critic/ap", "comparatives/critic/ap"),
+                     ("critic/test_precision_nc_l", "comparatives/critic/cuts_test/nc_l/precision"),
+                     ("qa/accuracy", "comparatives/comparative_qa/accuracy"),
+                     ("qa_benchmark/accuracy", "comparatives/comparative_qa_benchmark/accuracy"),
+                     ("comparatives/nc_xl/n", "nc_xl/n")],
+    "cmp": [("cmp/pretrain/final/val/loss", "cmp/pretrain_final/val/loss"),
+            ("cmp/zero_shot/base/f1", "cmp/zero_shot_base/f1"), ("cmp/zero_shot/constant/f1", "cmp/zero_shot_constant/f1"),
+            ("cmp/downstream/hotpotqa_pretrained_k0/metrics/f1", "cmp/downstream/hotpotqa_pretrained_k0/f1")],
+    "negverse": [("negverse/train/val_loss", "val/loss")],
+}
+# tables: <stage>/<what>, the stage named as its metrics name it
+TABLES = {
+    "i2d2": {"prompts/samples", "generation/samples", "critic/test_scores", "report/samples", "report/iterations",
+             "report/prompt_forms"},
+    "comparatives": {"prompts/pairs", "generation/samples", "critic/test_scores", "comparatives/stage_counts",
+                     "comparatives/passes", "comparatives/samples"},
+    "cmp": {"cmp/zero_shot/base/samples", "cmp/zero_shot/pretrained/samples"},
+    "negverse": {"negverse/eval/negations"},
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("task", ["i2d2", "comparatives", "cmp", "negverse"])
+def test_a_recipe_logs_each_quantity_under_one_name_and_tables_by_stage(tmp_path, task):
+    import importlib
+
+    recipe = {"i2d2": "generics", "comparatives": "comparatives", "cmp": "cmp", "negverse": "negverse"}[task]
+    cfg = _cfg(tmp_path, f"task={task}", "experiment=smoke", "logger=wandb")
+    importlib.import_module(f"i2d2.recipes.{recipe}").run(cfg)
+    metrics, media = _logged_names(tmp_path)
+    for kept, alias in ALIASES[task]:
+        assert kept in metrics and alias not in metrics, (kept, alias)
+    images = {"critic/pr_curve", "critic/score_histogram", "critic_val/pr_curve", "critic_val/score_histogram",
+              "report/pr_curves_all_iterations"}
+    assert media - images == TABLES[task]
+    for table in TABLES[task]:  # the stage prefix is one its metrics use
+        assert any(m.startswith(table.rsplit("/", 1)[0] + "/") for m in metrics), table
