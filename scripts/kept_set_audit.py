@@ -4,11 +4,14 @@ iteration's filter output, judged by a person against i2d2/data/annotations/GUID
     python scripts/kept_set_audit.py export --run-dir runs/i2d2 --iteration 0 --rejected 150 --out blind.csv
     # label blind.csv's `label` column against GUIDE.md (true / false / vague / episodic / ad_copy / garbled / dont_know)
     python scripts/kept_set_audit.py score --run-dir runs/i2d2 --iteration 0 --labels blind_done.csv [--labels second.csv]
+    # the bundled audit (key and labels in one file; a field other than `label` after a colon):
+    python scripts/kept_set_audit.py score --key i2d2/data/annotations/kept_audit_fresh.jsonl \
+        --labels i2d2/data/annotations/kept_audit_fresh.jsonl --labels i2d2/data/annotations/kept_audit_fresh.jsonl:label_1
 
 `export` draws every kept statement and a uniform random sample of the dropped ones (whatever dropped them), one row
 per distinct statement, shuffled together, and writes only item id, statement and an empty label: the labeller cannot
-tell kept from dropped or see a score. The key (which row is which, its drop reason and critic score) goes to
-`<run>/iter_k/audit/key.jsonl`. `score` maps the labels back and prints, each beside its count:
+tell kept from dropped or see a score. The key (which row is which, its drop reason and critic score, how many rows
+that reason dropped and how many generations the filter saw) goes to `<run>/iter_k/audit/key.jsonl`. `score` maps the labels back and prints, each beside its count:
 - precision of the kept set (share judged true, Wilson 95 % interval) and its yield (kept of all generations);
 - per drop reason: the sampled share judged true and the estimated number of true statements it dropped;
 - the filter's estimated recall: true kept / (true kept + estimated true dropped), a near-duplicate of a kept
@@ -70,11 +73,13 @@ def export(args) -> None:
     order = rng.permutation(len(drawn))
     key, blind = [], []
     n_dropped = Counter(r["drop_reason"] for r in dropped)
+    n_generations = sum(len(read_table(_filtered(run_dir, args.iteration) / t)) for t in ("kept", "dropped"))
     for j, i in enumerate(order):
         r = drawn[i]
         item = f"a{j:04d}"
         blind.append({"item_id": item, "statement": r["statement"], "label": ""})
-        key.append({**r, "item_id": item, "reason_total": n_dropped[r["drop_reason"]] if not r["kept"] else None})
+        key.append({**r, "item_id": item, "reason_total": n_dropped[r["drop_reason"]] if not r["kept"] else None,
+                    "n_generations": n_generations})
     key_path = run_dir / f"iter_{args.iteration}" / "audit" / "key.jsonl"
     write_jsonl(key_path, key)
     write_csv(out, blind, columns=["item_id", "statement", "label"])
@@ -82,15 +87,19 @@ def export(args) -> None:
           f"key: {key_path}")
 
 
-def _labels(path: Path, key_ids: set[str]) -> dict[str, str]:
-    rows = read_jsonl(path) if path.suffix == ".jsonl" else read_csv(path, required=["item_id", "label"])
+def _labels(spec: str, key_ids: set[str]) -> dict[str, str]:
+    """``{item_id: label}`` from a labelled export (CSV or JSONL); ``PATH:FIELD`` reads another column than ``label``.
+    Labels are kept as written (lower case) for the counts, and checked against GUIDE.md's."""
+    path, field = (Path(spec), "label") if ":" not in Path(spec).name else (
+        Path(spec).with_name(Path(spec).name.split(":")[0]), Path(spec).name.split(":", 1)[1])
+    rows = read_jsonl(path) if path.suffix == ".jsonl" else read_csv(path, required=["item_id", field])
     out = {}
     for n, r in enumerate(rows, 2 if path.suffix != ".jsonl" else 1):
-        item, label = str(r.get("item_id", "")), normalize_label(r.get("label", ""))
+        item, label = str(r.get("item_id", "")), str(r.get(field, "")).strip().lower()
         if item not in key_ids:
             sys.exit(f"{path}:{n}: item_id {item!r} is not in this audit's key")
-        if label not in label_mapping(None):
-            sys.exit(f"{path}:{n}: label {r.get('label')!r} is not a label of GUIDE.md")
+        if normalize_label(label) not in label_mapping(None):
+            sys.exit(f"{path}:{n}: {field} {r.get(field)!r} is not a label of GUIDE.md")
         out[item] = label
     missing = key_ids - set(out)
     if missing:
@@ -106,19 +115,21 @@ def _rate(k: int, n: int) -> str:
 
 
 def score(args) -> None:
-    run_dir = Path(args.run_dir)
-    key = read_jsonl(run_dir / f"iter_{args.iteration}" / "audit" / "key.jsonl")
+    if (args.key is None) == (args.run_dir is None):
+        sys.exit("score: give --run-dir (its audit/key.jsonl) or --key, not both")
+    key_path = Path(args.key) if args.key else Path(args.run_dir) / f"iter_{args.iteration}" / "audit" / "key.jsonl"
+    key = read_jsonl(key_path)
     by_id = {r["item_id"]: r for r in key}
-    sets = [_labels(Path(p), set(by_id)) for p in args.labels]
-    valid = label_mapping(None)
+    sets = [_labels(p, set(by_id)) for p in args.labels]
+    mapping = label_mapping(None)
+    valid = {label: mapping[normalize_label(label)] for labels in sets for label in labels.values()}
     labels = sets[0]
-    n_gen = len(read_table(_filtered(run_dir, args.iteration) / "dropped")) + \
-        len(read_table(_filtered(run_dir, args.iteration) / "kept"))
+    n_gen = key[0]["n_generations"]
     judged = [(by_id[i], valid[l]) for i, l in labels.items() if valid[l] is not None]
     kept = [y for r, y in judged if r["kept"]]
     n_kept_all = sum(r["kept"] for r in key)
-    print(f"audit of {run_dir}/iter_{args.iteration}: {len(key)} statements labelled "
-          f"({sum(l == 'dont_know' for l in labels.values())} dont_know left out)")
+    print(f"audit {key_path}: {len(key)} statements labelled "
+          f"({sum(normalize_label(l) == 'dont_know' for l in labels.values())} dont_know left out)")
     print(f"kept: precision {_rate(sum(kept), len(kept))}; yield {n_kept_all} kept of {n_gen} generations "
           f"({n_kept_all / n_gen:.3f})")
     print("kept labels: " + ", ".join(f"{k} {v}" for k, v in Counter(
@@ -161,9 +172,11 @@ def main(argv=None) -> None:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--out", required=True)
     s = sub.add_parser("score", help="precision, yield, recall and AP from the labelled export")
-    s.add_argument("--run-dir", required=True)
+    s.add_argument("--run-dir", help="the run whose export was labelled (its iter_k/audit/key.jsonl)")
+    s.add_argument("--key", help="or the key file itself (the bundled audit: key and labels in one file)")
     s.add_argument("--iteration", type=int, default=0)
-    s.add_argument("--labels", action="append", required=True, help="labelled export (repeat for a second person)")
+    s.add_argument("--labels", action="append", required=True,
+                   help="labelled export, PATH or PATH:FIELD (repeat for a second person: adds their agreement)")
     args = p.parse_args(argv)
     (export if args.cmd == "export" else score)(args)
 

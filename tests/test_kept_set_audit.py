@@ -96,3 +96,33 @@ def test_score_names_an_unknown_label_and_a_missing_item(tmp_path, audit):
         w.writerows([{**r, "label": "true"} for r in rows[:-1]])
     with pytest.raises(SystemExit, match=r"1 items have no label"):
         audit.main(["score", "--run-dir", str(run), "--labels", str(bad)])
+
+
+ANNOTATIONS = ROOT / "i2d2" / "data" / "annotations"
+
+
+def test_the_bundled_audit_reprints_the_readme_table_and_its_concepts_chose_nothing(audit, capsys):
+    """The README's kept-set audit, from the bundled file (settled labels, then each labeller's)."""
+    f = str(ANNOTATIONS / "kept_audit_fresh.jsonl")
+    audit.main(["score", "--key", f, "--labels", f, "--labels", f"{f}:label_1", "--labels", f"{f}:label_2"])
+    out = capsys.readouterr().out
+    assert "precision 0.717 [0.62, 0.80] (66 of 92); yield 92 kept of 1000 generations (0.092)" in out
+    assert "dropped for critic: true 0.304 [0.23, 0.39] (35 of 115) of the sample; 606 dropped in all" in out
+    assert "filter recall (estimated): 0.230" in out and "weighted to the population): 0.766 (base rate 0.432" in out
+    for labeller, precision in (("label_1", "0.696"), ("label_2", "0.750")):
+        audit.main(["score", "--key", f, "--labels", f"{f}:{labeller}"])
+        assert f"precision {precision}" in capsys.readouterr().out
+    rows = read_jsonl(f)
+    assert len(rows) == 252 and sum(r["adjudicated"] for r in rows) == 28
+    assert all((r["label_1"] == r["label_2"] == r["label"]) != r["adjudicated"] for r in rows)
+    # every concept audited is one no critic label, held-out judgement or default run has seen
+    audited = {r["concept"] for r in rows}
+    nouns = (ANNOTATIONS / "kept_audit_fresh.nouns.txt").read_text().split("\n")
+    goals = (ANNOTATIONS / "kept_audit_fresh.goals.txt").read_text().split("\n")
+    assert audited <= set(nouns) | set(goals)
+    seen = {r.get("concept") for p in ANNOTATIONS.glob("*.jsonl") if p.name != "kept_audit_fresh.jsonl"
+            for r in read_jsonl(p)}
+    assert not audited & seen
+    import yaml
+    task = yaml.safe_load((ROOT / "conf" / "task" / "i2d2.yaml").read_text())["task"]
+    assert not audited & set(task["heldout"]["nouns"] + task["heldout"]["goals"])
