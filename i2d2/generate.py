@@ -303,6 +303,12 @@ def _checked_generate(cfg: DictConfig):
             discard_launch_folders(None)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (KeyboardInterrupt, Terminated) as e:
+        # the checks import torch and Lightning (seconds): a Ctrl-C or SIGTERM then printed Hydra's traceback and
+        # exited 1, where the README promises one line and 130 / 143
+        with contextlib.suppress(Exception):
+            discard_launch_folders(None)
+        _exit_stopped(e, "")
     try:
         config.setup_run(cfg)
         generate(cfg)
@@ -310,14 +316,19 @@ def _checked_generate(cfg: DictConfig):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, Terminated) as e:  # one line and 128 + SIGINT / SIGTERM, as i2d2.train
-        kept = (f"; generation shards finished so far are in {cfg.generate.out_dir}: rerun the same command to "
-                "resume" if cfg.generate.get("out_dir") else "")
-        sigterm = isinstance(e, Terminated)
-        print(f"{'terminated (SIGTERM)' if sigterm else 'interrupted'}: i2d2.generate{kept}", file=sys.stderr)
-        sys.exit(143 if sigterm else 130)
+        _exit_stopped(e, f"; generation shards finished so far are in {cfg.generate.out_dir}: rerun the same command "
+                      "to resume" if cfg.generate.get("out_dir") else "")
     finally:
         if lock is not None:
             lock.release()
+
+
+def _exit_stopped(e: BaseException, kept: str) -> None:
+    from i2d2.train import Terminated
+
+    sigterm = isinstance(e, Terminated)
+    print(f"{'terminated (SIGTERM)' if sigterm else 'interrupted'}: i2d2.generate{kept}", file=sys.stderr)
+    sys.exit(143 if sigterm else 130)
 
 
 if __name__ == "__main__":

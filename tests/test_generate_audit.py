@@ -71,6 +71,32 @@ def test_an_out_dir_that_is_a_file_is_refused_naming_the_key(tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "kept\n"
 
 
+@pytest.mark.parametrize("stop, code, said", [("interrupt", 130, "interrupted"), ("sigterm", 143, "terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_during_the_start_up_checks_exits_with_one_line(tmp_path, monkeypatch, capsys, stop, code,
+                                                                           said):
+    # the checks take seconds (they import torch and Lightning); a signal then escaped the handler, which covered
+    # only the run after them: Hydra printed a Terminated / KeyboardInterrupt traceback and the command exited 1
+    import i2d2.generate as gen
+    from i2d2 import train
+
+    def stopped(*a, **k):
+        raise KeyboardInterrupt() if stop == "interrupt" else train.Terminated()
+
+    monkeypatch.setattr(train, "check_start", stopped)
+    out = tmp_path / "out"
+    cfg = make_cfg(tmp_path, "generate.concepts=[violin]", f"generate.out_dir={out}")
+    try:
+        gen.hydra_main.__wrapped__(cfg)
+    except SystemExit as e:
+        assert e.code == code
+    except (KeyboardInterrupt, train.Terminated) as e:  # caught here: an escaped Ctrl-C would stop pytest itself
+        pytest.fail(f"{type(e).__name__} escaped i2d2.generate's start-up (a traceback and exit 1)")
+    else:
+        pytest.fail("no exit")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"{said}: i2d2.generate")
+    assert not out.exists()
+
+
 def test_a_refused_launch_leaves_no_log_folder(tmp_path):
     # Hydra writes run_dir/hydra/generate-<time>/ before any check: a refused launch left it in the run it read,
     # and a misspelt run_dir as a new folder holding only that
