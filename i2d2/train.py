@@ -31,6 +31,10 @@ from i2d2.ranks import LAUNCHED_RANKS, launched_rank
 
 def check_start(cfg: DictConfig) -> None:
     """The checks that need neither a model nor torch: unknown config keys, unknown model names."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():  # first: a smoke share chosen alone fails the key check on its task's keys
+        check_preset_overrides(HydraConfig.get().overrides.task)
     config.check_keys(cfg)
     # read by setup_run's seed_everything, after the run_dir lock: seed=abc was a traceback there
     config.need(config.is_int(cfg.get("seed")), "seed", f"must be an integer, got {cfg.get('seed')!r}")
@@ -43,8 +47,6 @@ def check_start(cfg: DictConfig) -> None:
         blocker = config.file_in_the_way(where) if where else None
         config.need(blocker is None, key, f"must name a folder, but {blocker} is a file"
                     + ("" if str(blocker) == str(cfg[key]) else f" ({key}={cfg[key]})"))
-    from hydra.core.hydra_config import HydraConfig
-
     if HydraConfig.initialized():
         check_logger_overrides(HydraConfig.get().overrides.task)
     check_models(cfg)
@@ -60,6 +62,21 @@ def check_logger_overrides(overrides) -> None:
             raise ValueError(f"{o}: Hydra merges a list of logger configs into a single logger (their keys mixed), "
                              "so this would not log to each of them; use logger=wandb_csv (W&B and CSV), or a "
                              "config file whose logger: node is a dict or list of logger configs")
+
+
+def check_preset_overrides(overrides) -> None:
+    """``experiment=smoke/i2d2`` (or ``experiment/smoke=cmp``) picks only a task's share of ``experiment=smoke``
+    (``conf/experiment/smoke/<task>.yaml``, listed by ``--help``): without the preset's tiny models, its task or its
+    critic. ``smoke/i2d2`` ran the default Gemma models at smoke sizes, ``smoke/cmp`` failed on CMP keys unknown to
+    the I2D2 task. Refused at start-up, naming the preset to use."""
+    for o in overrides:
+        key, _, value = str(o).partition("=")
+        key, value = key.lstrip("+~"), value.strip()
+        share = value[len("smoke/"):] if key == "experiment" and value.startswith("smoke/") else (
+            value if key == "experiment/smoke" and value not in ("", "null") else None)
+        if share is not None:
+            raise ValueError(f"{o}: this is only the {share} share of the smoke preset "
+                             f"(conf/experiment/smoke/{share}.yaml: no tiny models); use experiment=smoke task={share}")
 
 
 def check_recipe(cfg: DictConfig) -> None:

@@ -55,6 +55,20 @@ def test_logger_list_selection_is_merged_by_hydra_and_refused_at_start():
     check_logger_overrides(["logger=wandb_csv", "logger=csv", "task.logger_x=[1]"])
 
 
+def test_a_task_share_of_the_smoke_preset_chosen_alone_is_refused_at_start():
+    # experiment=smoke/i2d2 composed the default Gemma generator and probe critic at smoke sizes (no tiny models), and
+    # --help lists the experiment/smoke group beside experiment
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=smoke/i2d2", "run_dir=/tmp/unused"])
+    assert cfg.model.name == "packaged:gemma3-270m" and cfg.decoding.beam_size == 3
+    from i2d2.train import check_preset_overrides
+
+    for o in ("experiment=smoke/i2d2", "experiment=smoke/cmp", "experiment/smoke=negverse", "+experiment/smoke=cmp"):
+        with pytest.raises(ValueError, match=r"use experiment=smoke task=(i2d2|cmp|negverse)"):
+            check_preset_overrides([o])
+    check_preset_overrides(["experiment=smoke", "experiment=paper_i2d2", "task=cmp", "experiment/smoke=null"])
+
+
 def _train(tmp_path, *overrides):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "i2d2.train", "experiment=smoke", f"run_dir={tmp_path / 'run'}",
