@@ -263,6 +263,16 @@ def test_negverse_train_values_are_refused_at_start_up(tmp_path, override, messa
         check_config(_nv_cfg(tmp_path, override))
 
 
+@pytest.mark.parametrize("key", ["eval_sentences", "affirmatives", "pairs"])
+def test_a_missing_negverse_data_file_is_refused_naming_its_key(tmp_path, key):
+    # was "error: NegVerse data file <path> not found": which of the three keys named it was left to guess
+    from i2d2.recipes.negverse import check_config
+
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match=rf"data\.{key}: NegVerse data file {re.escape(str(missing))} not found"):
+        check_config(_nv_cfg(tmp_path, f"data.{key}={missing}", "data.use_rules=true"))  # affirmatives: read with rules
+
+
 def test_negverse_cue_lexicon_is_read_at_start_up(tmp_path):
     # a missing lexicon was found by the evaluation stage, after training, as a FileNotFoundError traceback
     from i2d2.recipes.negverse import check_config

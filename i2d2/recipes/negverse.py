@@ -78,8 +78,14 @@ def check_config(cfg) -> None:
                          ("pairs", "pairs.tsv")):  # data.eval_sentences=3 was 'expected str, bytes or os.PathLike'
         need(d.get(key) is None or isinstance(d.get(key), str), f"data.{key}",
              f"must be a file path, or null for the bundled {bundled}, got {d.get(key)!r}")
-    ev = resolve(d.eval_sentences, "eval_sentences.txt")
-    affirmatives = resolve(d.affirmatives, "affirmatives.txt") if d.use_rules else None
+    def data_file(key, bundled):  # a missing file named with its key ("NegVerse data file ... not found" did not say which)
+        try:
+            return resolve(d.get(key), bundled)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"data.{key}: {e}") from None
+
+    ev = data_file("eval_sentences", "eval_sentences.txt")
+    affirmatives = data_file("affirmatives", "affirmatives.txt") if d.use_rules else None
 
     def sentences_of(path, key):  # a file of the wrong kind (a TSV) named with its key, as other start-up errors are
         try:
@@ -93,7 +99,7 @@ def check_config(cfg) -> None:
     need(bool(sentences), "data.eval_sentences", f"{ev} holds no sentences (empty, or only blank and '#' lines)")
     # the evaluation reports on held-out sentences: one the prompt trained on (a pair's either side, or an
     # affirmative the rules derive pairs from), also re-cased or re-punctuated, is refused (this was only assumed)
-    seen = seen_in_training(sentences, resolve(d.pairs, "pairs.tsv"), affirmatives)
+    seen = seen_in_training(sentences, data_file("pairs", "pairs.tsv"), affirmatives)
     need(not seen, "data.eval_sentences",
          f"{len(seen)} sentence(s) of {ev} are also training sentences (case and punctuation ignored): "
          + "; ".join(f"{e!r} ~ {t!r}" for e, t in seen[:5]) + (" ..." if len(seen) > 5 else ""))
