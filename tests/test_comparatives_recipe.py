@@ -125,6 +125,19 @@ def test_pass_counts_counts_each_pass_and_names_a_bad_line(tmp_path):
                     [("have", "typically"), ("need", "often")])
 
 
+def test_one_discriminator_labels_file_given_as_a_string_is_one_path(tmp_path):
+    # task.filters.discriminator.annotations=labels.jsonl (not [labels.jsonl]) was iterated one character a path:
+    # "task.filters.discriminator.annotations: t not found" for a file that exists
+    from i2d2.recipes.comparatives import annotation_paths
+
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text("")
+    assert annotation_paths(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations={labels}")) == [labels]
+    assert annotation_paths(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations=[{labels}]")) == [labels]
+    with pytest.raises(FileNotFoundError, match=r"annotations: .*nope\.jsonl not found"):
+        annotation_paths(_cfg(tmp_path / "run", f"task.filters.discriminator.annotations={tmp_path / 'nope.jsonl'}"))
+
+
 def test_a_labels_file_the_benchmark_cannot_read_fails_at_start_naming_its_line(tmp_path):
     from i2d2.io import DataError
     from i2d2.recipes.comparatives import check_config

@@ -440,6 +440,8 @@ def critic_keys(cfg) -> dict:
 
 def annotation_paths(cfg) -> list[Path]:
     paths = _plain(cfg.task.filters.discriminator.annotations)
+    if isinstance(paths, str):  # one file: it was read one character a path ("annotations: t not found")
+        paths = [paths]
     out = [SEED_ANNOTATIONS] if not paths else [Path(p).expanduser() for p in paths]
     for p in out:
         if not p.exists():
