@@ -124,6 +124,18 @@ def test_cmp_pretrain_and_data_values_are_refused_at_start_up(tmp_path, override
         check_config(_cmp_cfg(tmp_path, override, "task.downstream.shots=[0]"))
 
 
+@pytest.mark.parametrize("shots", ["[0]", "[0,2]"])
+def test_cmp_missing_downstream_file_is_refused_at_start_up_naming_its_key(tmp_path, shots):
+    # zero-shot alone (the default) checked no downstream file: a missing eval_path failed after pre-training
+    from i2d2.recipes.cmp import check_config
+
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ConfigError, match=rf"^data\.downstream\.hotpotqa\.eval_path: downstream file "
+                                          rf"{re.escape(str(missing))} not found"):
+        check_config(_cmp_cfg(tmp_path, f"task.downstream.shots={shots}", "task.downstream.allow_fewer_shots=true",
+                              f"data.downstream.hotpotqa.eval_path={missing}"))
+
+
 def test_cmp_missing_corpus_is_refused_at_start_up(tmp_path):
     # was a DataError from load_quintuples in the first stage, after the run directory and the tracker were set up
     from i2d2.recipes.cmp import check_config

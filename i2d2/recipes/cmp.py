@@ -326,6 +326,11 @@ def check_downstream_settings(cfg: DictConfig) -> None:
                          f"{list(tuned)})")
     for key in d.datasets:
         ds = downstream_dataset(cfg, key)
+        # zero-shot alone (the default shots: [0]) read no file here: a missing one failed after pre-training, as
+        # "<path>: downstream file not found" (exit 1), naming no key
+        for which in ("eval_path",) + (("train_path", "dev_path") if tuned else ()):
+            if ds.get(which) is not None and not Path(ds[which]).exists():
+                raise ValueError(f"data.downstream.{key}.{which}: downstream file {ds[which]} not found")
         if tuned:
             task = ds.get("task") or "qa"
             dev, pool, _ = dev_and_pool(ds, task, int(d.finetune.get("dev_size", 100)))
