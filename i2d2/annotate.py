@@ -50,7 +50,10 @@ def _read_rows(path: str, fields: tuple[str, ...] = ()):
 
 def _positive_int(s: str) -> int:
     # --k 0 crashed in numpy with a traceback and --n -1 silently exported all but one statement per iteration
-    n = int(s)
+    try:
+        n = int(s)
+    except ValueError:  # argparse's own message named this function: "invalid _positive_int value: 'abc'"
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {s}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {s}")
     return n

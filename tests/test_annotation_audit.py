@@ -368,3 +368,15 @@ def test_curly_and_straight_apostrophes_are_one_statement_to_label(tmp_path):
     items = export_blind(root, tmp_path / "b.jsonl", n_per_iteration=2)
     assert sorted(it["statement"].replace("’", "'") for it in items) == ["A dog's nose is wet.", "Cats purr.",
                                                                          "Owls hoot."]
+
+
+@pytest.mark.parametrize("flag", ["--n", "--k"])
+def test_a_count_that_is_no_number_is_refused_in_words(tmp_path, capsys, flag):
+    # was "argument --n: invalid _positive_int value: 'abc'" (the name of the parsing function)
+    from i2d2.annotate import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["export", "--input", str(tmp_path / "kept.jsonl"), "--out", str(tmp_path / "out.csv"), flag, "abc"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be a positive integer, not abc" in err and "_positive_int" not in err
