@@ -97,7 +97,7 @@ def main(argv=None) -> int:
                 ap.error("export needs --input (or --blind --run-dir)")
             rows = [r for p in args.input for r in _read_rows(p, (args.text_key, args.concept_key))]
             # a store that does not exist yet (before the first import) holds nothing to leave out
-            exclude = ([r["statement"] for r in read_jsonl(args.store, required=("statement",))]
+            exclude = (read_jsonl(args.store, required=("statement",))
                        if args.store and Path(args.store).exists() else [])
             out = export_for_annotation(rows, args.out, args.k, args.text_key, args.concept_key, args.score_key,
                                         seed=args.seed, exclude=exclude)

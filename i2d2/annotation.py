@@ -78,11 +78,35 @@ def _stratified_pick(scores: np.ndarray, k: int, rng: np.random.Generator) -> np
     return np.array([rng.choice(b) for b in np.array_split(order, k)])
 
 
-def _not_imported(rows: Iterable[Mapping], stored: Iterable[str]) -> list[Mapping]:
-    """The rows of an export that carry a label or votes whose statement is not among ``stored``."""
-    stored = {normalize_statement(s) for s in stored}
-    return [r for r in rows if (str(r.get("label") or "").strip() or str(r.get("votes") or "").strip())
-            and normalize_statement(r["statement"]) not in stored]
+def _labels_of(row: Mapping) -> tuple[str, list[str]]:
+    """(label, sorted votes) of an export's or a store's row, as the import normalises them."""
+    raw = str(row.get("label") or "").strip()
+    return normalize_label(raw) if raw else "", sorted(normalize_label(v) for v in parse_votes(row.get("votes")))
+
+
+def _stored_labels(stored: Iterable[Mapping | str]) -> dict[str, tuple | None]:
+    """normalised statement -> its (label, votes) for a labels store's rows; None for a bare statement (label unknown)."""
+    return {normalize_statement(s["statement"] if isinstance(s, Mapping) else s):
+            _labels_of(s) if isinstance(s, Mapping) else None for s in stored}
+
+
+def _not_imported(rows: Iterable[Mapping], stored: Iterable[Mapping | str]) -> list[Mapping]:
+    """The rows of an export that carry a label or votes the store does not hold: a statement not in ``stored`` (the
+    store's rows, or bare statements), or one stored with other labels (a label corrected after its import, which a
+    second export over the file wiped unseen)."""
+    held = _stored_labels(stored)
+    out = []
+    for r in rows:
+        if not (str(r.get("label") or "").strip() or str(r.get("votes") or "").strip()):
+            continue
+        key = normalize_statement(r["statement"])
+        try:
+            differs = key not in held or (held[key] is not None and _labels_of(r) != held[key])
+        except ValueError:  # votes that do not parse were never imported as they are
+            differs = True
+        if differs:
+            out.append(r)
+    return out
 
 
 def labels_not_imported(path: str | Path, store_path: str | Path) -> int:
@@ -94,15 +118,14 @@ def labels_not_imported(path: str | Path, store_path: str | Path) -> int:
                 else read_jsonl(path, required=("item_id", "statement")))
     except (DataError, OSError):
         return 0
-    stored = ([r["statement"] for r in read_jsonl(store_path, required=("statement",))]
-              if Path(store_path).exists() else [])
+    stored = read_jsonl(store_path, required=("statement",)) if Path(store_path).exists() else []
     return len(_not_imported(rows, stored))
 
 
-def check_export_target(out_path: str | Path, stored: Iterable[str] = ()) -> None:
+def check_export_target(out_path: str | Path, stored: Iterable[Mapping | str] = ()) -> None:
     """An export writes ``out_path`` only where that loses nothing: a file that does not exist or is empty, an
-    earlier export nobody has labelled yet, or one whose labelled statements are all in the labels store already
-    (``stored``: its statements; imported, as the blind round does once an iteration). Exporting twice over a file
+    earlier export nobody has labelled yet, or one whose labels are all in the labels store already, as they stand
+    in the file (``stored``: the store's rows; imported, as the blind round does once an iteration). Exporting twice over a file
     being labelled wiped its labels, and ``--out`` naming the input (``kept.jsonl``) or a labels store replaced it
     with the sample; a DataError names the file instead."""
     out_path = Path(out_path)
@@ -118,24 +141,24 @@ def check_export_target(out_path: str | Path, stored: Iterable[str] = ()) -> Non
                         "replace it; choose another file") from None
     not_imported = _not_imported(rows, stored)
     if not_imported:
-        raise DataError(f"--out {out_path} holds {len(not_imported)} label(s) not in the labels store: an export "
-                        "would write over them; import it first (`python -m i2d2.annotate import`), or choose "
-                        "another --out")
+        raise DataError(f"--out {out_path} holds {len(not_imported)} label(s) not in the labels store (or stored "
+                        "otherwise: changed after the import): an export would write over them; import it first "
+                        "(`python -m i2d2.annotate import`), or choose another --out")
 
 
 def export_for_annotation(rows: Sequence[dict], out_path: str | Path, k_per_concept: int = 4,
                           text_key: str = "statement", concept_key: str = "concept", score_key: str = "critic_score",
-                          seed: int = 0, exclude: Iterable[str] = (), fmt: str | None = None) -> list[dict]:
+                          seed: int = 0, exclude: Iterable[Mapping | str] = (), fmt: str | None = None) -> list[dict]:
     """Write a sample of ``rows`` to label: ``k_per_concept`` statements per concept, stratified by score.
 
     ``rows`` need ``text_key`` and ``concept_key``; the pick is one statement per score quantile among a concept's
-    rows with a ``score_key``, uniform among its rows where none has one. Statements in ``exclude`` (already labelled) and
-    duplicates are skipped. ``fmt`` is 'csv' or 'jsonl' (default: from the suffix). Returns the exported rows.
+    rows with a ``score_key``, uniform among its rows where none has one. Statements in ``exclude`` (already labelled:
+    the labels store's rows, or bare statements) and duplicates are skipped. ``fmt`` is 'csv' or 'jsonl' (default: from the suffix). Returns the exported rows.
     """
     out_path, exclude = Path(out_path), list(exclude)
     check_export_target(out_path, exclude)
     fmt = fmt or ("csv" if out_path.suffix.lower() == ".csv" else "jsonl")
-    seen = {normalize_statement(s) for s in exclude}
+    seen = set(_stored_labels(exclude))
     by_concept: dict[str, list[dict]] = {}
     for i, row in enumerate(rows):
         if row.get(score_key) is not None:
@@ -356,9 +379,9 @@ def export_blind(run_dir: str | Path, out_path: str | Path, n_per_iteration: int
 
     run_dir, out_path = Path(run_dir), Path(out_path)
     store = heldout_store(run_dir)
-    done = ({normalize_statement(r["statement"]) for r in read_jsonl(store, required=("statement",))}
-            if store.exists() else set())
-    check_export_target(out_path, done)  # before the key is written
+    stored = read_jsonl(store, required=("statement",)) if store.exists() else []
+    done = {normalize_statement(r["statement"]) for r in stored}
+    check_export_target(out_path, stored)  # before the key is written
     rows = heldout_statements(run_dir)
     if not rows:
         raise DataError(f"no held-out generations under {run_dir}/iter_*/heldout/ (run an iteration first)")

@@ -264,6 +264,34 @@ def test_the_blind_round_exports_again_over_a_file_it_imported(tmp_path, capsys,
     assert main(export) == 0, capsys.readouterr().err
 
 
+@pytest.mark.parametrize("blind", [True, False], ids=["blind", "sample"])
+def test_an_export_never_writes_over_a_label_corrected_after_its_import(tmp_path, capsys, blind):
+    """Export, label, import, then correct a label in the file and export to it again before importing: the
+    statement was in the store, so the export wrote over the file and the correction was lost, exit 0."""
+    from i2d2.annotate import main
+
+    run = _fake_run(tmp_path / "run")
+    write_jsonl(tmp_path / "kept.jsonl", [{"statement": "Dogs bark.", "concept": "dog", "critic_score": 0.9}])
+    out, store = tmp_path / "b.jsonl", tmp_path / "store.jsonl"
+    export = (["export", "--blind", "--run-dir", str(run), "--out", str(out), "--n", "1"] if blind else
+              ["export", "--input", str(tmp_path / "kept.jsonl"), "--out", str(out), "--store", str(store)])
+    imp = (["import", "--blind", "--run-dir", str(run), "--input", str(out)] if blind else
+           ["import", "--input", str(out), "--store", str(store)])
+    assert main(export) == 0
+    write_jsonl(out, [dict(r, label="vague") for r in read_jsonl(out)])
+    assert main(imp) == 0
+    labelled = out.read_bytes()
+    rows = read_jsonl(out)
+    write_jsonl(out, [dict(rows[0], label="true"), *rows[1:]])  # the correction
+    corrected = out.read_bytes()
+    capsys.readouterr()
+    assert main(export) == 2
+    assert "holds 1 label(s) not in the labels store (or stored otherwise" in capsys.readouterr().err
+    assert out.read_bytes() == corrected
+    out.write_bytes(labelled.replace(b'"vague"', b'"Vague"'))  # the stored label, spelt otherwise: nothing to lose
+    assert main(export) == 0
+
+
 def test_accuracy_of_a_run_without_held_out_generations_is_an_error(tmp_path, capsys):
     """A misspelt --run-dir printed an empty table with exit code 0."""
     from i2d2.annotate import main

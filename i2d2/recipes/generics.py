@@ -898,7 +898,7 @@ def filter_stage(cfg, k: int, it_dir: Path, critic: dict, tracker, ranks: Ranks)
             import datasets
 
             store = labels_store(cfg.run_dir)
-            exclude = [r["statement"] for r in read_jsonl(store)] if store.exists() else []
+            exclude = read_jsonl(store) if store.exists() else []  # the store's rows: statements and labels
             cols = [c for c in ("statement", "concept", "critic_score", "prompt", "prompt_id", "source")
                     if c in kept.column_names]
             both = datasets.concatenate_datasets([kept.select_columns(cols), dropped.select_columns(cols)])
