@@ -237,8 +237,16 @@ def test_labels_typed_into_to_label_csv_are_not_removed_with_the_filter_stage(ba
     with pytest.raises(DataError, match=r"to_label\.csv holds 1 label\(s\) not in the labels store.*i2d2\.annotate import"):
         generics.filter_stage(cfg, 0, it, critic, None, generics.Ranks())
     assert path.read_text().count(",true,") == 1  # the label is still there
+    # the next iteration's critic cannot learn from it: it says so (it said only "labels unchanged ... reusing")
+    with caplog.at_level(logging.WARNING, logger="i2d2.recipes.generics"):
+        generics._warn_unimported_labels(run_dir, 1)
+    assert any(f"critic: {path} holds 1 label(s) not in the labels store" in r.getMessage() for r in caplog.records)
+    caplog.clear()
     store = run_dir / "annotations" / "labels.jsonl"
     assert annotate(["import", "--input", str(path), "--store", str(store)]) == 0
+    with caplog.at_level(logging.WARNING, logger="i2d2.recipes.generics"):
+        generics._warn_unimported_labels(run_dir, 1)
+    assert not caplog.records
     with caplog.at_level(logging.INFO, logger="i2d2.recipes.generics"):
         summary = generics.filter_stage(cfg, 0, it, critic, None, generics.Ranks())  # imported: the stage may be redone
     # its result reaches the log file: counts that add up to the generations

@@ -558,6 +558,21 @@ def critic_trainer(cfg, ranks: Ranks) -> dict:
     return out
 
 
+def _warn_unimported_labels(run_dir, k: int) -> None:
+    """An earlier iteration's ``to_label.csv`` labelled where it lies but not imported trains no critic: the next
+    iteration said only "labels unchanged ... reusing its critic"."""
+    from i2d2.annotation import labels_not_imported, labels_store
+
+    store = labels_store(run_dir)
+    for j in range(k):
+        path = Path(run_dir) / f"iter_{j}" / "filtered" / "to_label.csv"
+        n = labels_not_imported(path, store) if path.exists() else 0
+        if n:
+            log.warning("critic: %s holds %d label(s) not in the labels store, so this critic does not learn from "
+                        "them: import them first (python -m i2d2.annotate import --input %s --store %s)",
+                        path, n, path, store)
+
+
 def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: Ranks) -> dict:
     from critics.train import FIT_ARGS, fingerprint_view, log_critic_metrics, train_critic
     from i2d2.annotation import critic_annotation_paths
@@ -572,6 +587,7 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
     labels_fp = fingerprint("critic", *paths, named("critic config", view),
                             *[named("trainer settings", f) for f in fit])
     policy = _get(cfg.task, "critic.refresh", "new_labels")
+    _warn_unimported_labels(cfg.run_dir, k)
     source = None  # the iteration whose critic to reuse
     if k > 0 and policy != "always":
         for j in range(k - 1, -1, -1):
