@@ -127,8 +127,10 @@ def negation_options(args) -> tuple[dict, dict]:
 
     try:  # the ranges now, before the models load (e.g. --num-candidates 0, --top-p 2)
         fill(NegationOptions, opts, where="negation options")
-    except ValueError as e:
-        raise InputError(f"{e} (options: command line > {args.adapter}/negverse.json > defaults)") from None
+    except ValueError as e:  # named by the option's key (num_candidates): say which flag gave it, if one did
+        flags = [f"{OPTIONS[k]} {opts[k]}" for k in OPTIONS if source.get(k) == "command line" and k in str(e)]
+        given = f"given as {', '.join(flags)}; " if flags else ""
+        raise InputError(f"{e} ({given}options: command line > {args.adapter}/negverse.json > defaults)") from None
     return opts, source
 
 

@@ -254,7 +254,8 @@ def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, 
     assert "not a NegVerse adapter" in capsys.readouterr().err
     # values no generation can use: refused before any model loads, naming the setting
     for bad, msg in ((["-n", "0"], "num_candidates: must be an integer >= 1"), (["--top-p", "2"], "top_p must be in"),
-                     (["--max-distance", "-1"], "max_distance must be > 0")):
+                     (["--max-distance", "-1"], "max_distance must be > 0"), (["-n", "0"], "given as --num-candidates 0;"),
+                     (["--top-p", "2"], "given as --top-p 2.0;")):
         assert main(["x", "--adapter", str(adapter), *bad]) == 2
         assert msg in capsys.readouterr().err
     assert negation_options(parse_args(["x", "--adapter", str(adapter), "--greedy", "--temperature", "0"]))[0]["do_sample"] is False
