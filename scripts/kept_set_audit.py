@@ -17,7 +17,8 @@ that reason dropped and how many generations the filter saw) goes to `<run>/iter
 - the filter's estimated recall: true kept / (true kept + estimated true dropped), a near-duplicate of a kept
   statement not counted as dropped knowledge;
 - the critic's AP over the statements it ranked (kept and dropped after scoring), each dropped row weighted by its
-  inverse sampling rate, so that the figure is the population's and not the sample's.
+  inverse sampling rate, so that the figure is the population's and not the sample's, and its precision / recall
+  at a few score thresholds over the same population (the critic alone, without the de-duplication and caps).
 A second `--labels` file (another person's blind labels of the same export) adds the agreement (Cohen's kappa on the
 valid / invalid reading). `dont_know` rows are left out, as the critic leaves them out.
 """
@@ -36,6 +37,7 @@ from i2d2.labels import label_mapping, normalize_label, normalize_statement
 from i2d2.metrics import wilson_interval
 
 BEFORE_CRITIC = {"unfinished", "empty", "repeated_item", "constraints"}  # reasons the critic never ranked
+THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # the critic's precision / recall printed at these scores
 NOT_LOST = {"duplicate"}  # a near-duplicate of a kept statement: its knowledge is kept, so recall does not count it
 
 
@@ -154,6 +156,16 @@ def score(args) -> None:
         base = np.average([y for _, y in ranked], weights=w)
         print(f"critic AP over the statements it ranked (weighted to the population): {ap:.3f} "
               f"(base rate {base:.3f}, {len(ranked)} labelled)")
+        # the critic alone at other thresholds, over the same weighted population (no de-dup or caps): what another
+        # δ would trade, described here and chosen by nothing
+        ys, ss, ws = (np.array(v, dtype=float) for v in zip(*[(y, r["critic_score"], wi)
+                                                               for (r, y), wi in zip(ranked, w)]))
+        for t in THRESHOLDS:
+            above = ss >= t
+            if (ws * above).sum() > 0:
+                print(f"critic score >= {t:.2f}: precision {(ws * ys * above).sum() / (ws * above).sum():.3f}, "
+                      f"recall {(ws * ys * above).sum() / (ws * ys).sum():.3f}, ~{(ws * above).sum():.0f} statements "
+                      f"({int(above.sum())} labelled)")
     for path, other in zip(args.labels[1:], sets[1:]):
         both = [(valid[labels[i]], valid[other[i]]) for i in labels if valid[labels[i]] is not None
                 and valid[other[i]] is not None]
