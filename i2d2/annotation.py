@@ -84,17 +84,31 @@ def _labels_of(row: Mapping) -> tuple[str, list[str]]:
     return normalize_label(raw) if raw else "", sorted(normalize_label(v) for v in parse_votes(row.get("votes")))
 
 
-def _stored_labels(stored: Iterable[Mapping | str]) -> dict[str, tuple | None]:
-    """normalised statement -> its (label, votes) for a labels store's rows; None for a bare statement (label unknown)."""
+def _same_file(a, b) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError, TypeError, ValueError):
+        return False
+
+
+def _stored_labels(stored: Iterable[Mapping | str], source: str | Path | None = None) -> dict[str, tuple | None]:
+    """normalised statement -> its (label, votes) for a labels store's rows; None for a bare statement (label unknown)
+    and, with ``source``, for a row imported from another file than ``source`` (a newer label that superseded the
+    file's: the file's own was imported, or is not the store's to keep)."""
     return {normalize_statement(s["statement"] if isinstance(s, Mapping) else s):
-            _labels_of(s) if isinstance(s, Mapping) else None for s in stored}
+            _labels_of(s) if isinstance(s, Mapping) and (source is None or not s.get("imported_from")
+                                                         or _same_file(s["imported_from"], source)) else None
+            for s in stored}
 
 
-def _not_imported(rows: Iterable[Mapping], stored: Iterable[Mapping | str]) -> list[Mapping]:
+def _not_imported(rows: Iterable[Mapping], stored: Iterable[Mapping | str],
+                  source: str | Path | None = None) -> list[Mapping]:
     """The rows of an export that carry a label or votes the store does not hold: a statement not in ``stored`` (the
-    store's rows, or bare statements), or one stored with other labels (a label corrected after its import, which a
-    second export over the file wiped unseen)."""
-    held = _stored_labels(stored)
+    store's rows, or bare statements), or one stored from this file (``source``) with other labels (a label corrected
+    after its import, which a second export over the file wiped unseen). A statement the store holds as imported from
+    another file counts as imported: a later import of another file superseded it (newer label wins), and asking to
+    import this file again would bring the old label back."""
+    held = _stored_labels(stored, source)
     out = []
     for r in rows:
         if not (str(r.get("label") or "").strip() or str(r.get("votes") or "").strip()):
@@ -119,7 +133,7 @@ def labels_not_imported(path: str | Path, store_path: str | Path) -> int:
     except (DataError, OSError):
         return 0
     stored = read_jsonl(store_path, required=("statement",)) if Path(store_path).exists() else []
-    return len(_not_imported(rows, stored))
+    return len(_not_imported(rows, stored, path))
 
 
 def check_export_target(out_path: str | Path, stored: Iterable[Mapping | str] = ()) -> None:
@@ -139,7 +153,7 @@ def check_export_target(out_path: str | Path, stored: Iterable[Mapping | str] = 
     except (DataError, OSError):
         raise DataError(f"--out {out_path} exists and is not an export of statements to label: an export would "
                         "replace it; choose another file") from None
-    not_imported = _not_imported(rows, stored)
+    not_imported = _not_imported(rows, stored, out_path)
     if not_imported:
         raise DataError(f"--out {out_path} holds {len(not_imported)} label(s) not in the labels store (or stored "
                         "otherwise: changed after the import): an export would write over them; import it first "

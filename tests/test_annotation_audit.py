@@ -408,3 +408,26 @@ def test_a_count_that_is_no_number_is_refused_in_words(tmp_path, capsys, flag):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: must be a positive integer, not abc" in err and "_positive_int" not in err
+
+
+def test_a_label_another_file_superseded_in_the_store_is_not_an_unimported_one(tmp_path, capsys):
+    """One statement in two iterations' to_label.csv (the second exported before the first was imported), labelled
+    differently, both imported: the store keeps the newer label. The first file's label was imported (and superseded,
+    newer wins), yet it counted as 'not in the labels store': the rerun's filter-stage check stopped at its iteration
+    asking to import it, which brought the old label back and stopped the rerun at the other file, and so on."""
+    from i2d2.annotate import main
+    from i2d2.annotation import labels_not_imported
+
+    store = tmp_path / "store.jsonl"
+    a, b = tmp_path / "iter_0.csv", tmp_path / "iter_1.csv"
+    for path, label in ((a, "true"), (b, "false")):
+        write_csv(path, [{"item_id": "x1", "statement": "Dogs bark.", "concept": "dog", "label": label}],
+                  columns=["item_id", "statement", "concept", "label"])
+        assert main(["import", "--input", str(path), "--store", str(store)]) == 0
+    assert [r["label"] for r in read_jsonl(store)] == ["false"]
+    assert labels_not_imported(b, store) == 0
+    assert labels_not_imported(a, store) == 0  # imported, then superseded by iter_1.csv: nothing unimported
+    # the file's own label corrected after its import is still one the store does not hold
+    write_csv(b, [{"item_id": "x1", "statement": "Dogs bark.", "concept": "dog", "label": "vague"}],
+              columns=["item_id", "statement", "concept", "label"])
+    assert labels_not_imported(b, store) == 1
