@@ -81,7 +81,7 @@ def export(args) -> None:
         item = f"a{j:04d}"
         blind.append({"item_id": item, "statement": r["statement"], "label": ""})
         key.append({**r, "item_id": item, "reason_total": n_dropped[r["drop_reason"]] if not r["kept"] else None,
-                    "n_generations": n_generations})
+                    "n_generations": n_generations, "n_dropped": len(dropped)})
     key_path = run_dir / f"iter_{args.iteration}" / "audit" / "key.jsonl"
     write_jsonl(key_path, key)
     write_csv(out, blind, columns=["item_id", "statement", "label"])
@@ -144,6 +144,10 @@ def score(args) -> None:
         est_true_dropped += 0.0 if reason in NOT_LOST else est
         print(f"dropped for {reason}: true {_rate(sum(ys), len(ys))} of the sample; {total} dropped in all, "
               f"~{est:.1f} true")
+    unsampled = int(key[0].get("n_dropped", 0)) - sum({r["drop_reason"]: r["reason_total"] for r in key
+                                                        if not r["kept"]}.values())
+    if unsampled > 0:  # a reason too rare to be drawn: its statements are not in the recall below
+        print(f"dropped for reasons the sample did not draw: {unsampled} (left out of the recall)")
     true_kept = sum(kept)
     if true_kept + est_true_dropped > 0:
         print(f"filter recall (estimated): {true_kept / (true_kept + est_true_dropped):.3f} "

@@ -110,6 +110,7 @@ def test_the_bundled_audit_reprints_the_readme_table_and_its_concepts_chose_noth
     assert "dropped for critic: true 0.304 [0.23, 0.39] (35 of 115) of the sample; 606 dropped in all" in out
     assert "filter recall (estimated): 0.230" in out and "weighted to the population): 0.766 (base rate 0.432" in out
     assert "critic score >= 0.60: precision 0.804, recall 0.492, ~216 statements (114 labelled)" in out
+    assert "dropped for reasons the sample did not draw: 4 (left out of the recall)" in out  # 4 repeated-item drops
     for labeller, precision in (("label_1", "0.696"), ("label_2", "0.750")):
         audit.main(["score", "--key", f, "--labels", f"{f}:{labeller}"])
         assert f"precision {precision}" in capsys.readouterr().out
