@@ -48,25 +48,27 @@ def _filtered(run_dir: Path, iteration: int) -> Path:
     return folder
 
 
-def population(run_dir: Path, iteration: int) -> list[dict]:
-    """Every distinct statement the filter saw: kept (drop_reason None) or dropped with its reason. A statement both
-    kept and dropped (a duplicate) counts as kept."""
+def population(run_dir: Path, iteration: int) -> tuple[list[dict], int]:
+    """(every distinct statement the filter saw: kept (drop_reason None) or dropped with its reason, the number of
+    generations it saw). A statement both kept and dropped (a duplicate) counts as kept."""
     folder = _filtered(run_dir, iteration)
-    rows = {}
+    rows, n_generations = {}, 0
     for name in ("kept", "dropped"):
-        for r in read_table(folder / name).to_list():
+        table = read_table(folder / name)
+        n_generations += len(table)
+        for r in table.to_list():
             key = normalize_statement(r["statement"])
             if key in rows:
                 continue
             rows[key] = {"statement": r["statement"], "concept": r["concept"], "kept": name == "kept",
                          "drop_reason": None if name == "kept" else str(r["drop_reason"]),
                          "critic_score": r.get("critic_score")}
-    return list(rows.values())
+    return list(rows.values()), n_generations
 
 
 def export(args) -> None:
     run_dir, out = Path(args.run_dir), Path(args.out)
-    rows = population(run_dir, args.iteration)
+    rows, n_generations = population(run_dir, args.iteration)
     rng = np.random.default_rng(args.seed)
     kept = [r for r in rows if r["kept"]]
     dropped = [r for r in rows if not r["kept"]]
@@ -75,7 +77,6 @@ def export(args) -> None:
     order = rng.permutation(len(drawn))
     key, blind = [], []
     n_dropped = Counter(r["drop_reason"] for r in dropped)
-    n_generations = sum(len(read_table(_filtered(run_dir, args.iteration) / t)) for t in ("kept", "dropped"))
     for j, i in enumerate(order):
         r = drawn[i]
         item = f"a{j:04d}"
@@ -92,8 +93,8 @@ def export(args) -> None:
 def _labels(spec: str, key_ids: set[str]) -> dict[str, str]:
     """``{item_id: label}`` from a labelled export (CSV or JSONL); ``PATH:FIELD`` reads another column than ``label``.
     Labels are kept as written (lower case) for the counts, and checked against GUIDE.md's."""
-    path, field = (Path(spec), "label") if ":" not in Path(spec).name else (
-        Path(spec).with_name(Path(spec).name.split(":")[0]), Path(spec).name.split(":", 1)[1])
+    head, sep, field = spec.rpartition(":")
+    path, field = (Path(head), field) if sep and "/" not in field else (Path(spec), "label")
     rows = read_jsonl(path) if path.suffix == ".jsonl" else read_csv(path, required=["item_id", field])
     out = {}
     for n, r in enumerate(rows, 2 if path.suffix != ".jsonl" else 1):
@@ -136,16 +137,16 @@ def score(args) -> None:
           f"({n_kept_all / n_gen:.3f})")
     print("kept labels: " + ", ".join(f"{k} {v}" for k, v in Counter(
         labels[i] for i, r in by_id.items() if r["kept"]).most_common()))
+    totals = {r["drop_reason"]: r["reason_total"] for r in key if not r["kept"]}  # distinct statements per reason
+    n_judged = Counter(r["drop_reason"] for r, _ in judged if not r["kept"])
     est_true_dropped = 0.0
-    for reason in sorted({r["drop_reason"] for r in key if not r["kept"]}):
+    for reason, total in sorted(totals.items()):
         ys = [y for r, y in judged if r["drop_reason"] == reason]
-        total = next(r["reason_total"] for r in key if r["drop_reason"] == reason)
         est = (sum(ys) / len(ys) * total) if ys else 0.0
         est_true_dropped += 0.0 if reason in NOT_LOST else est
         print(f"dropped for {reason}: true {_rate(sum(ys), len(ys))} of the sample; {total} dropped in all, "
               f"~{est:.1f} true")
-    unsampled = int(key[0].get("n_dropped", 0)) - sum({r["drop_reason"]: r["reason_total"] for r in key
-                                                        if not r["kept"]}.values())
+    unsampled = int(key[0].get("n_dropped", 0)) - sum(totals.values())
     if unsampled > 0:  # a reason too rare to be drawn: its statements are not in the recall below
         print(f"dropped for reasons the sample did not draw: {unsampled} (left out of the recall)")
     true_kept = sum(kept)
@@ -154,8 +155,7 @@ def score(args) -> None:
               f"({true_kept} true kept, ~{est_true_dropped:.1f} true dropped, duplicates of kept ones not counted)")
     ranked = [(r, y) for r, y in judged if r["kept"] or r["drop_reason"] not in BEFORE_CRITIC]
     if ranked and 0 < sum(y for _, y in ranked) < len(ranked):
-        w = [1.0 if r["kept"] else r["reason_total"] / sum(1 for q, _ in judged if q["drop_reason"] == r["drop_reason"])
-             for r, _ in ranked]
+        w = [1.0 if r["kept"] else totals[r["drop_reason"]] / n_judged[r["drop_reason"]] for r, _ in ranked]
         ap = average_precision_score([y for _, y in ranked], [r["critic_score"] for r, _ in ranked], sample_weight=w)
         base = np.average([y for _, y in ranked], weights=w)
         print(f"critic AP over the statements it ranked (weighted to the population): {ap:.3f} "
