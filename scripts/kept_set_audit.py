@@ -16,7 +16,8 @@ that reason dropped and how many generations the filter saw) goes to `<run>/iter
 - per drop reason: the sampled share judged true and the estimated number of true statements it dropped;
 - the filter's estimated recall: true kept / (true kept + estimated true dropped), a near-duplicate of a kept
   statement not counted as dropped knowledge;
-- the critic's AP over the statements it ranked (kept and dropped after scoring), each dropped row weighted by its
+- the critic's AP over the statements it ranked (every one with a critic score: kept, and dropped by δ or by a rule
+  applied after scoring, i.e. all but the unfinished), each dropped row weighted by its
   inverse sampling rate, so that the figure is the population's and not the sample's, and its precision / recall
   at a few score thresholds over the same population (the critic alone, without the de-duplication and caps).
 A second `--labels` file (another person's blind labels of the same export) adds the agreement (Cohen's kappa on the
@@ -36,7 +37,6 @@ from i2d2.io import read_csv, read_jsonl, read_table, write_csv, write_jsonl
 from i2d2.labels import label_mapping, normalize_label, normalize_statement
 from i2d2.metrics import wilson_interval
 
-BEFORE_CRITIC = {"unfinished", "empty", "repeated_item", "constraints"}  # reasons the critic never ranked
 THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)  # the critic's precision / recall printed at these scores
 NOT_LOST = {"duplicate"}  # a near-duplicate of a kept statement: its knowledge is kept, so recall does not count it
 
@@ -153,7 +153,9 @@ def score(args) -> None:
     if true_kept + est_true_dropped > 0:
         print(f"filter recall (estimated): {true_kept / (true_kept + est_true_dropped):.3f} "
               f"({true_kept} true kept, ~{est_true_dropped:.1f} true dropped, duplicates of kept ones not counted)")
-    ranked = [(r, y) for r, y in judged if r["kept"] or r["drop_reason"] not in BEFORE_CRITIC]
+    # what the critic ranked: every row with a score. Only unfinished generations go unscored; the empty ones, unmet
+    # constraints and repeated list items are dropped after the critic passed them (their scores are above δ)
+    ranked = [(r, y) for r, y in judged if r["critic_score"] is not None]
     if ranked and 0 < sum(y for _, y in ranked) < len(ranked):
         w = [1.0 if r["kept"] else totals[r["drop_reason"]] / n_judged[r["drop_reason"]] for r, _ in ranked]
         ap = average_precision_score([y for _, y in ranked], [r["critic_score"] for r, _ in ranked], sample_weight=w)

@@ -4,6 +4,7 @@ import csv
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
@@ -128,3 +129,33 @@ def test_the_bundled_audit_reprints_the_readme_table_and_its_concepts_chose_noth
     import yaml
     task = yaml.safe_load((ROOT / "conf" / "task" / "i2d2.yaml").read_text())["task"]
     assert not audited & set(task["heldout"]["nouns"] + task["heldout"]["goals"])
+
+
+def test_rows_the_critic_passed_but_a_later_rule_dropped_count_in_its_ap(tmp_path, audit, capsys):
+    """The filter scores every finished statement and only then drops empty ones, unmet constraints and repeated
+    list items (i2d2.recipes.generics.filter_generations): those rows carry a critic score above δ and are part of
+    what the critic ranked. Leaving them out hid the critic's top-scored false statements from its AP."""
+    from i2d2.recipes.generics import filter_generations
+    from i2d2.io import write_arrow
+
+    gens = [("dog", "bark loudly."), ("dog", "eat meat, bones, meat."), ("cat", "purr."), ("cat", "chase dogs.")]
+    write_arrow(tmp_path / "generations" / "table" / "shard-00000.arrow",
+                [{"prompt_id": f"p{i}", "prompt": c.capitalize() + "s", "generation": g, "rank_in_prompt": 0,
+                  "all_satisfied": True, "concept": c} for i, (c, g) in enumerate(gens)])
+    scores = {"Dogs bark loudly.": 0.8, "Dogs eat meat, bones, meat.": 0.95, "Cats purr.": 0.7, "Cats chase dogs.": 0.2}
+    out = tmp_path / "run" / "iter_0" / "filtered"
+    out.mkdir(parents=True)
+    filter_generations(tmp_path / "generations", out, lambda t: np.array([scores[x] for x in t]), 0.5,
+                       {"dedupe": False, "max_per_concept": None})
+    blind = tmp_path / "blind.csv"
+    audit.main(["export", "--run-dir", str(tmp_path / "run"), "--rejected", "10", "--out", str(blind)])
+    key = {r["item_id"]: r for r in read_jsonl(tmp_path / "run" / "iter_0" / "audit" / "key.jsonl")}
+    assert {r["drop_reason"]: r["critic_score"] for r in key.values() if not r["kept"]} == {
+        "repeated_item": 0.95, "critic": 0.2}
+    done = tmp_path / "done.csv"
+    _label(blind, done, key, lambda r: r["drop_reason"] != "repeated_item" and r["critic_score"] != 0.2)
+    capsys.readouterr()
+    audit.main(["score", "--run-dir", str(tmp_path / "run"), "--labels", str(done)])
+    out = capsys.readouterr().out
+    ap = average_precision_score([1, 0, 1, 0], [0.8, 0.95, 0.7, 0.2])  # the looped list is the critic's top score
+    assert f"weighted to the population): {ap:.3f} (base rate 0.500, 4 labelled)" in out
