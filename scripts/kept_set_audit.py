@@ -21,7 +21,8 @@ that reason dropped and how many generations the filter saw) goes to `<run>/iter
   inverse sampling rate, so that the figure is the population's and not the sample's, and its precision / recall
   at a few score thresholds over the same population (the critic alone, without the de-duplication and caps).
 A second `--labels` file (another person's blind labels of the same export) adds the agreement (Cohen's kappa on the
-valid / invalid reading). `dont_know` rows are left out, as the critic leaves them out.
+valid / invalid reading). `dont_know` rows are left out, as the critic leaves them out: of the precision and the
+shares, and of the true counts on the kept and the dropped side alike (a sampled row stands for total / sampled).
 """
 from __future__ import annotations
 
@@ -138,11 +139,13 @@ def score(args) -> None:
     print("kept labels: " + ", ".join(f"{k} {v}" for k, v in Counter(
         labels[i] for i, r in by_id.items() if r["kept"]).most_common()))
     totals = {r["drop_reason"]: r["reason_total"] for r in key if not r["kept"]}  # distinct statements per reason
-    n_judged = Counter(r["drop_reason"] for r, _ in judged if not r["kept"])
+    # a sampled row stands for total / sampled rows of its reason, dont_know or not: dont_know is left out on both
+    # sides alike (a kept one is no true kept statement, so a dropped one is no true dropped statement)
+    n_sampled = Counter(r["drop_reason"] for r in key if not r["kept"])
     est_true_dropped = 0.0
     for reason, total in sorted(totals.items()):
         ys = [y for r, y in judged if r["drop_reason"] == reason]
-        est = (sum(ys) / len(ys) * total) if ys else 0.0
+        est = sum(ys) * total / n_sampled[reason]
         est_true_dropped += 0.0 if reason in NOT_LOST else est
         print(f"dropped for {reason}: true {_rate(sum(ys), len(ys))} of the sample; {total} dropped in all, "
               f"~{est:.1f} true")
@@ -157,7 +160,7 @@ def score(args) -> None:
     # constraints and repeated list items are dropped after the critic passed them (their scores are above δ)
     ranked = [(r, y) for r, y in judged if r["critic_score"] is not None]
     if ranked and 0 < sum(y for _, y in ranked) < len(ranked):
-        w = [1.0 if r["kept"] else totals[r["drop_reason"]] / n_judged[r["drop_reason"]] for r, _ in ranked]
+        w = [1.0 if r["kept"] else totals[r["drop_reason"]] / n_sampled[r["drop_reason"]] for r, _ in ranked]
         ap = average_precision_score([y for _, y in ranked], [r["critic_score"] for r, _ in ranked], sample_weight=w)
         base = np.average([y for _, y in ranked], weights=w)
         print(f"critic AP over the statements it ranked (weighted to the population): {ap:.3f} "

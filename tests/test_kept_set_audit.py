@@ -159,3 +159,32 @@ def test_rows_the_critic_passed_but_a_later_rule_dropped_count_in_its_ap(tmp_pat
     out = capsys.readouterr().out
     ap = average_precision_score([1, 0, 1, 0], [0.8, 0.95, 0.7, 0.2])  # the looped list is the critic's top score
     assert f"weighted to the population): {ap:.3f} (base rate 0.500, 4 labelled)" in out
+
+
+def test_dont_know_rows_are_left_out_alike_on_the_kept_and_the_dropped_side(tmp_path, audit, capsys):
+    """A dropped row stands for total / sampled rows of its reason (its inverse sampling rate), dont_know or not:
+    dividing by the judged rows only counted a dropped dont_know at its reason's true share while a kept dont_know
+    counted as not true, which pulled the recall down and over-weighted the dropped rows in the AP."""
+    def row(i, score):
+        return {"statement": f"Statement number {i}.", "concept": "c", "critic_score": score, "drop_reason": "critic"}
+    f = tmp_path / "run" / "iter_0" / "filtered"
+    save_table(f / "kept", datasets.Dataset.from_list([{**row(i, s), "drop_reason": None}
+                                                      for i, s in enumerate((0.9, 0.85, 0.8, 0.75))]))
+    save_table(f / "dropped", datasets.Dataset.from_list([row(10 + i, s) for i, s in enumerate((0.4, 0.3, 0.2, 0.1))]))
+    blind = tmp_path / "blind.csv"
+    audit.main(["export", "--run-dir", str(tmp_path / "run"), "--rejected", "4", "--out", str(blind)])  # all drawn
+    key = {r["item_id"]: r for r in read_jsonl(tmp_path / "run" / "iter_0" / "audit" / "key.jsonl")}
+    label_of = {0.9: "true", 0.85: "true", 0.8: "dont_know", 0.75: "vague",  # kept: 2 true of 3 judged
+                0.4: "true", 0.3: "dont_know", 0.2: "vague", 0.1: "dont_know"}  # dropped: 1 true of 2 judged
+    rows = list(csv.DictReader(blind.open()))
+    with (tmp_path / "done.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows([{**r, "label": label_of[key[r["item_id"]]["critic_score"]]} for r in rows])
+    capsys.readouterr()
+    audit.main(["score", "--run-dir", str(tmp_path / "run"), "--labels", str(tmp_path / "done.csv")])
+    out = capsys.readouterr().out
+    assert "4 dropped in all, ~1.0 true" in out  # every dropped row was drawn: 1 labelled true, 1 true in all
+    assert "filter recall (estimated): 0.667" in out  # 2 true kept / (2 + 1)
+    ap = average_precision_score([1, 1, 0, 1, 0], [0.9, 0.85, 0.75, 0.4, 0.2])  # a census: every weight 1
+    assert f"weighted to the population): {ap:.3f} (base rate 0.600, 5 labelled)" in out
