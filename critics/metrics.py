@@ -9,13 +9,22 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
+def _scores(scores) -> np.ndarray:
+    """Scores as floats, NaN refused: a NaN compares False with every threshold, so it fell silently on one side of
+    each cut (choose_delta returned δ = NaN as "reached", under which the filter dropped nothing)."""
+    s = np.asarray(scores, dtype=float).reshape(-1)
+    if np.isnan(s).any():
+        raise ValueError(f"{int(np.isnan(s).sum())} of {len(s)} scores are NaN (a broken critic?)")
+    return s
+
+
 def average_precision(y, scores) -> float:
     from sklearn.metrics import average_precision_score
 
     y = np.asarray(y)
     if len(set(y.tolist())) < 2:
         return float("nan")
-    return float(average_precision_score(y, np.asarray(scores, dtype=float)))
+    return float(average_precision_score(y, _scores(scores)))
 
 
 def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float | None, int]:
@@ -23,7 +32,7 @@ def precision_recall_at(y, scores, delta: float) -> tuple[float | None, float | 
 
     Precision of an empty kept set is undefined: None, never 1.0; so is recall where no row is positive."""
     y = np.asarray(y).astype(bool)
-    keep = np.asarray(scores, dtype=float) > delta
+    keep = _scores(scores) > delta
     n_keep = int(keep.sum())
     tp = int((keep & y).sum())
     precision = float(tp / n_keep) if n_keep else None
@@ -38,7 +47,7 @@ def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
     nothing about the critic, and taking them in the file's order let that order set the precision (a critic whose
     float32 P(valid) saturates at 1.0 ties many rows)."""
     y = np.asarray(y).astype(float)
-    s = np.asarray(scores, dtype=float)
+    s = _scores(scores)
     n_keep = int(np.ceil(float(fraction) * len(y)))
     if not n_keep:
         return None, 0
@@ -51,7 +60,7 @@ def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
 def _cuts(y, scores):
     """For every distinct score v (descending): precision/recall of keeping ``score >= v``."""
     y = np.asarray(y).astype(float)
-    s = np.asarray(scores, dtype=float)
+    s = _scores(scores)
     order = np.argsort(-s, kind="mergesort")
     s, y = s[order], y[order]
     tp = np.cumsum(y)
@@ -75,9 +84,9 @@ def _cut_below(values, i: int) -> float:
 def precision_at_recall(y, scores, min_recall: float = 0.8) -> float | None:
     """Best precision among thresholds whose recall is at least ``min_recall`` (NeuroComparatives App. B); None
     (undefined) where no row is positive."""
+    _, p, r = _cuts(y, scores)
     if not np.asarray(y).astype(bool).any():
         return None
-    _, p, r = _cuts(y, scores)
     ok = r >= min_recall - 1e-12
     return float(p[ok].max()) if ok.any() else 0.0
 

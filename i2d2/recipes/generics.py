@@ -698,6 +698,8 @@ def filter_generations(gens_dir: Path, d: Path, score: Callable[[list[str]], np.
     from i2d2.filtering import near_duplicates, write_filtered
     from i2d2.io import save_table
 
+    if np.isnan(delta):  # every score <= NaN is False: the critic would drop nothing
+        raise ValueError("filter: δ is NaN (the critic's summary.json or task.filter.delta)")
     work = d / ".work"  # map() caches: hidden from fingerprints, removed at the end
     ds, scored = finished_statements(gens_dir, work, fcfg.get("truncate", "sentence"),
                                      bool(fcfg.get("require_sentence_end", True)), num_proc)
