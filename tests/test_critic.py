@@ -9,7 +9,8 @@ import pytest
 
 from critics.data import (ANNOTATION_DIR, LoadReport, aggregate_votes, grouped_split, load_annotations,
                           normalize_label)
-from critics.metrics import average_precision, choose_delta, cut_at_recall, precision_at_recall, precision_recall_at
+from critics.metrics import (average_precision, choose_delta, cut_at_recall, precision_at_recall, precision_at_top,
+                             precision_recall_at)
 from i2d2.filtering import filter_and_write, threshold_filter
 from i2d2.io import DataError, read_jsonl
 
@@ -498,3 +499,14 @@ def test_train_critic_without_a_trainer_config(tmp_path):
     res = train_critic(cfg, [small], tmp_path / "critic")
     assert (tmp_path / "critic" / "model" / "critic_meta.json").is_file()
     assert res["n_train"] > 0 and res["ap"] is not None
+
+
+def test_a_nan_score_is_refused_not_a_nan_delta():
+    """A NaN compares False with everything: choose_delta put it past the last cut and returned δ = NaN ("reached"),
+    under which the filter's ``score <= δ`` dropped nothing, so every scored generation was kept."""
+    nan = float("nan")
+    for call in (lambda: choose_delta([1, 1], [0.9, nan], 0.5), lambda: cut_at_recall([1, 1, 0], [0.9, nan, 0.2], 1.0),
+                 lambda: precision_at_recall([1, 0], [nan, 0.2]), lambda: precision_at_top([1, 0, 1], [0.9, nan, 0.8], 0.3),
+                 lambda: precision_recall_at([1, 0], [nan, 0.2], 0.5), lambda: average_precision([1, 0], [nan, 0.2])):
+        with pytest.raises(ValueError, match="1 of 2 scores are NaN|1 of 3 scores are NaN"):
+            call()

@@ -268,25 +268,3 @@ def test_filter_gives_each_row_one_fate_independent_of_row_order(tmp_path_factor
     perm = list(range(len(rows)))
     rnd.shuffle(perm)
     assert run([rows[i] for i in perm]) == first
-
-
-def test_a_nan_score_is_refused_not_a_nan_delta():
-    """A NaN compares False with everything: choose_delta put it past the last cut and returned δ = NaN ("reached"),
-    under which the filter's ``score <= δ`` dropped nothing, so every scored generation was kept."""
-    nan = float("nan")
-    for call in (lambda: choose_delta([1, 1], [0.9, nan], 0.5), lambda: cut_at_recall([1, 1, 0], [0.9, nan, 0.2], 1.0),
-                 lambda: precision_at_recall([1, 0], [nan, 0.2]), lambda: precision_at_top([1, 0, 1], [0.9, nan, 0.8], 0.3),
-                 lambda: precision_recall_at([1, 0], [nan, 0.2], 0.5), lambda: average_precision([1, 0], [nan, 0.2])):
-        with pytest.raises(ValueError, match="1 of 2 scores are NaN|1 of 3 scores are NaN"):
-            call()
-
-
-def test_the_filter_refuses_a_nan_delta(tmp_path):
-    from i2d2.io import write_arrow
-    from i2d2.recipes.generics import filter_generations
-
-    write_arrow(tmp_path / "generations" / "table" / "shard-00000.arrow",
-                [{"prompt_id": "p0", "prompt": "Dogs", "generation": "bark.", "rank_in_prompt": 0, "concept": "dog"}])
-    (tmp_path / "out").mkdir()
-    with pytest.raises(ValueError, match="δ is NaN"):
-        filter_generations(tmp_path / "generations", tmp_path / "out", lambda t: np.full(len(t), 0.9), float("nan"), {})

@@ -153,3 +153,11 @@ def test_annotate_exports_from_a_table_folder(tmp_path):
                  "--out", str(tmp_path / "s.jsonl"), "--k", "10"]) == 0
     got = {r["statement"] for r in read_jsonl(tmp_path / "s.jsonl")}
     assert "Dogs chase cats." in got and "Cats sleep a lot." in got  # rows from both inputs
+
+
+def test_the_filter_refuses_a_nan_delta(tmp_path):
+    write_arrow(tmp_path / "generations" / "table" / "shard-00000.arrow",
+                [{"prompt_id": "p0", "prompt": "Dogs", "generation": "bark.", "rank_in_prompt": 0, "concept": "dog"}])
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ValueError, match="δ is NaN"):
+        filter_generations(tmp_path / "generations", tmp_path / "out", lambda t: np.full(len(t), 0.9), float("nan"), {})
