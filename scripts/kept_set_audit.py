@@ -20,6 +20,10 @@ that reason dropped and how many generations the filter saw) goes to `<run>/iter
   applied after scoring, i.e. all but the unfinished), each dropped row weighted by its
   inverse sampling rate, so that the figure is the population's and not the sample's, and its precision / recall
   at a few score thresholds over the same population (the critic alone, without the de-duplication and caps).
+`--by-concept` adds the kept set per concept (true of judged), names the concepts none of whose kept statements was
+judged true, and, with `--run-dir`, each concept's mean critic score over all its scored generations and how well
+that mean ranks the concepts' kept precision (Spearman): can a concept-level score tell the concepts the model gets
+wrong?
 A second `--labels` file (another person's blind labels of the same export) adds the agreement (Cohen's kappa on the
 valid / invalid reading). `dont_know` rows are left out, as the critic leaves them out: of the precision and the
 shares, and of the true counts on the kept and the dropped side alike (a sampled row stands for total / sampled).
@@ -175,12 +179,42 @@ def score(args) -> None:
                 print(f"critic score >= {t:.2f}: precision {(ws * ys * above).sum() / (ws * above).sum():.3f}, "
                       f"recall {(ws * ys * above).sum() / (ws * ys).sum():.3f}, ~{(ws * above).sum():.0f} statements "
                       f"({int(above.sum())} labelled)")
+    if args.by_concept:
+        _by_concept([(r, y) for r, y in judged if r["kept"]],
+                    _concept_mean_scores(Path(args.run_dir), args.iteration) if args.run_dir else None)
     for path, other in zip(args.labels[1:], sets[1:]):
         both = [(valid[labels[i]], valid[other[i]]) for i in labels if valid[labels[i]] is not None
                 and valid[other[i]] is not None]
         a, b = zip(*both)
         agree = np.mean([x == y for x, y in both])
         print(f"agreement with {path}: {agree:.3f} on {len(both)} items, Cohen's kappa {cohen_kappa_score(a, b):.3f}")
+
+
+def _concept_mean_scores(run_dir: Path, iteration: int) -> dict[str, float]:
+    """Each concept's mean critic score over every generation of it the critic scored (all rows, not the sample)."""
+    scores: dict[str, list[float]] = {}
+    for name in ("kept", "dropped"):
+        for r in read_table(_filtered(run_dir, iteration) / name).to_list():
+            if r.get("critic_score") is not None:
+                scores.setdefault(r["concept"], []).append(float(r["critic_score"]))
+    return {c: float(np.mean(v)) for c, v in scores.items()}
+
+
+def _by_concept(kept: list[tuple[dict, int]], mean_score: dict[str, float] | None) -> None:
+    by: dict[str, list[int]] = {}
+    for r, y in kept:
+        by.setdefault(r["concept"], []).append(y)
+    print(f"kept set by concept ({len(by)} concepts; true of judged"
+          + (", mean critic score of all its scored generations)" if mean_score else ")"))
+    for c in sorted(by, key=lambda c: (sum(by[c]) / len(by[c]), c)):
+        print(f"  {c}: {sum(by[c])} of {len(by[c])}" + (f", mean score {mean_score[c]:.3f}" if mean_score else ""))
+    wrong = sorted(c for c, ys in by.items() if not any(ys))
+    print(f"concepts with no kept statement judged true: {len(wrong)} ({', '.join(wrong) or 'none'}), "
+          f"{sum(len(by[c]) for c in wrong)} kept rows")
+    if mean_score and len(by) > 2:
+        from scipy.stats import spearmanr
+        rho = spearmanr([mean_score[c] for c in by], [sum(by[c]) / len(by[c]) for c in by]).statistic
+        print(f"concept mean score vs its kept precision: Spearman {rho:.3f} over {len(by)} concepts")
 
 
 def main(argv=None) -> None:
@@ -198,6 +232,8 @@ def main(argv=None) -> None:
     s.add_argument("--iteration", type=int, default=0)
     s.add_argument("--labels", action="append", required=True,
                    help="labelled export, PATH or PATH:FIELD (repeat for a second person: adds their agreement)")
+    s.add_argument("--by-concept", action="store_true",
+                   help="the kept set's precision per concept (with --run-dir: beside its mean critic score)")
     args = p.parse_args(argv)
     (export if args.cmd == "export" else score)(args)
 

@@ -188,3 +188,34 @@ def test_dont_know_rows_are_left_out_alike_on_the_kept_and_the_dropped_side(tmp_
     assert "filter recall (estimated): 0.667" in out  # 2 true kept / (2 + 1)
     ap = average_precision_score([1, 1, 0, 1, 0], [0.9, 0.85, 0.75, 0.4, 0.2])  # a census: every weight 1
     assert f"weighted to the population): {ap:.3f} (base rate 0.600, 5 labelled)" in out
+
+
+def test_by_concept_names_the_concepts_with_no_true_kept_row_and_their_mean_scores(tmp_path, audit, capsys):
+    """--by-concept: the kept set per concept (true of judged) and, from the run, each concept's mean critic score over
+    every scored generation of it (kept and dropped, the whole table, not the audit's sample)."""
+    f = tmp_path / "run" / "iter_0" / "filtered"
+    kept = [("a", "Ants are insects.", 0.9), ("a", "Ants live in colonies.", 0.8),
+            ("b", "Bees are fish.", 0.7), ("c", "Cats purr.", 0.95), ("c", "Cats are plants.", 0.6)]
+    save_table(f / "kept", datasets.Dataset.from_list(
+        [{"statement": s, "concept": c, "critic_score": x, "drop_reason": None} for c, s, x in kept]))
+    save_table(f / "dropped", datasets.Dataset.from_list(
+        [{"statement": f"Bees thing {i}.", "concept": "b", "critic_score": 0.1, "drop_reason": "critic"}
+         for i in range(3)] + [{"statement": "Cats are", "concept": "c", "critic_score": None,
+                                "drop_reason": "unfinished"}]))
+    blind = tmp_path / "blind.csv"
+    audit.main(["export", "--run-dir", str(tmp_path / "run"), "--rejected", "1", "--out", str(blind)])
+    key = {r["item_id"]: r for r in read_jsonl(tmp_path / "run" / "iter_0" / "audit" / "key.jsonl")}
+    truth = {"Ants are insects.", "Ants live in colonies.", "Cats purr."}
+    _label(blind, tmp_path / "done.csv", key, lambda r: r["statement"] in truth)
+    capsys.readouterr()
+    audit.main(["score", "--run-dir", str(tmp_path / "run"), "--labels", str(tmp_path / "done.csv"), "--by-concept"])
+    out = capsys.readouterr().out
+    assert "  b: 0 of 1, mean score 0.250\n" in out  # (0.7 + 3 × 0.1) / 4: the dropped rows the sample left out count
+    assert "  c: 1 of 2, mean score 0.775\n" in out  # the unscored (unfinished) row left out
+    assert "  a: 2 of 2, mean score 0.850\n" in out
+    assert out.index("  b: ") < out.index("  c: ") < out.index("  a: ")  # worst concepts first
+    assert "concepts with no kept statement judged true: 1 (b), 1 kept rows" in out
+    assert "Spearman 1.000 over 3 concepts" in out
+    audit.main(["score", "--key", str(tmp_path / "run" / "iter_0" / "audit" / "key.jsonl"),
+                "--labels", str(tmp_path / "done.csv"), "--by-concept"])
+    assert "  b: 0 of 1\n" in capsys.readouterr().out  # without the run, no mean scores
