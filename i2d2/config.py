@@ -79,9 +79,28 @@ def launch_dir(run_dir, name: str) -> str:
     return str(path)
 
 
+# conf/ folders that Hydra sees as config groups but a user does not pick, left out of --help's group listing: data
+# files the code reads itself (negverse/cues.yaml, wordlists/comparatives.yaml) and the task shares experiment=smoke
+# composes (experiment/smoke/<task>, refused when chosen alone: i2d2.train.check_preset_overrides)
+UNPICKED_GROUPS = ("negverse", "wordlists", "experiment/smoke")
+
+
+def help_config_groups() -> str:
+    """``hydra.help.template``'s group listing (conf/train.yaml): Hydra's ``$APP_CONFIG_GROUPS`` (every group but
+    hydra/*, as ``group: option, ...`` lines) less ``UNPICKED_GROUPS``. Resolved while Hydra prints --help, when its
+    config loader is set up; empty elsewhere (a config resolved outside a Hydra app)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    app = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    if app is None:
+        return ""
+    return app.format_config_groups(
+        lambda group: group.split("/")[0] != "hydra" and group not in UNPICKED_GROUPS).rstrip("\n")
+
+
 def register_resolvers() -> None:
     for name, fn in {"i2d2.conf_path": conf_path, "i2d2.wandb_mode": wandb_mode,
-                     "i2d2.launch_dir": launch_dir}.items():
+                     "i2d2.launch_dir": launch_dir, "i2d2.help_config_groups": help_config_groups}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

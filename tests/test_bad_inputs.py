@@ -467,6 +467,12 @@ def test_help_lists_only_the_config_groups_a_user_picks(module):
     assert {"task", "model", "critic", "decoding", "data", "trainer", "logger", "experiment"} <= set(listed), groups
     assert "schema" not in groups, groups
     assert listed["decoding"] == "comparatives, i2d2" and "minilm" in listed["critic"].split(", "), groups
+    # nor the conf/ folders no one picks: "negverse: cues" and "wordlists: comparatives" (data files the code reads)
+    # and "experiment/smoke: cmp, ..." (the task shares experiment=smoke composes, refused when chosen alone)
+    assert not {"negverse", "wordlists", "experiment/smoke"} & set(listed), groups
+    assert listed["experiment"].split(", ") == ["paper_cmp", "paper_comparatives", "paper_i2d2", "paper_negverse",
+                                                "smoke"] and "cmp, cmp_qa" in listed["cmp/variant"], groups
+    assert r.stdout.rstrip().endswith("Use --hydra-help to view Hydra specific help") and "\ntask:" in r.stdout
 
 
 @pytest.mark.parametrize("value", ["", "null"])

@@ -57,7 +57,7 @@ def test_logger_list_selection_is_merged_by_hydra_and_refused_at_start():
 
 def test_a_task_share_of_the_smoke_preset_chosen_alone_is_refused_at_start():
     # experiment=smoke/i2d2 composed the default Gemma generator and probe critic at smoke sizes (no tiny models), and
-    # --help lists the experiment/smoke group beside experiment
+    # --help listed the experiment/smoke group beside experiment
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=smoke/i2d2", "run_dir=/tmp/unused"])
     assert cfg.model.name == "packaged:gemma3-270m" and cfg.decoding.beam_size == 3
