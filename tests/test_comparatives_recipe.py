@@ -107,6 +107,26 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     assert again["timings_s"]["generation"] <= metrics["timings_s"]["generation"]
 
 
+def test_a_filter_stage_logs_its_wall_time_under_its_own_name(tmp_path):
+    # the stages' seconds reached no logger once the report stopped logging comparatives/counts/<stage>/* (each
+    # stage logs its counts as filter/<stage>/*), only the invocation's comparatives/timings_s/<stage>
+    from i2d2.io import write_jsonl
+    from i2d2.recipes.comparatives import _filter_stage
+
+    class Tracker:
+        def __init__(self):
+            self.logged = {}
+
+        def log_metrics(self, metrics, step=None):
+            self.logged.update(metrics)
+
+    write_jsonl(tmp_path / "in.jsonl", [{"text": "Cats are smaller than dogs."}, {"text": "x"}])
+    tracker = Tracker()
+    summary = _filter_stage("groups", tmp_path / "in.jsonl", tmp_path / "groups", {}, lambda df: df.head(1), tracker)
+    assert tracker.logged == {"filter/groups/in": 2, "filter/groups/out": 1,
+                              "filter/groups/seconds": summary["seconds"]}
+
+
 def test_pass_counts_counts_each_pass_and_names_a_bad_line(tmp_path):
     from i2d2.io import DataError, write_jsonl
     from i2d2.recipes.comparatives import pass_counts

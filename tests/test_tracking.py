@@ -212,6 +212,8 @@ ALIASES = {
              ("heldout/n_generations", "report/heldout_n_generations"),
              ("report/heldout_self_bleu", "heldout/self_bleu")],
     "comparatives": [("filter/dedup/out", "comparatives/counts/dedup/out"), ("critic/ap", "comparatives/critic/ap"),
+                     ("filter/dedup/seconds", "comparatives/counts/dedup/seconds"),
+                     ("filter/contradiction/seconds", "comparatives/counts/contradiction/seconds"),
                      ("critic/test_precision_nc_l", "comparatives/critic/cuts_test/nc_l/precision"),
                      ("qa/accuracy", "comparatives/comparative_qa/accuracy"),
                      ("qa_benchmark/accuracy", "comparatives/comparative_qa_benchmark/accuracy"),
