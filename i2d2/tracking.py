@@ -137,13 +137,16 @@ class Tracker:
         for logger in self.loggers:
             logger.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
-    def log_table(self, key: str, columns: list[str], rows: list[list]) -> None:
+    def log_table(self, key: str, columns: list[str], rows: list[list], out_dir: str | Path | None = None) -> None:
+        """To W&B, else as ``<key with _ for />.csv`` in ``out_dir`` (a stage's own folder, among its outputs), or
+        the tracker's folder when not given."""
+        out_dir = Path(out_dir) if out_dir else self.out_dir
         if self.is_wandb:
             self.wandb.log_table(key=key, columns=columns, data=rows)
-        elif self.out_dir is not None:
+        elif out_dir is not None:
             from i2d2.io import write_csv
 
-            write_csv(self.out_dir / f"{key.replace('/', '_')}.csv", [dict(zip(columns, r)) for r in rows], columns)
+            write_csv(out_dir / f"{key.replace('/', '_')}.csv", [dict(zip(columns, r)) for r in rows], columns)
 
     def log_image(self, key: str, path: str | Path) -> None:
         if self.is_wandb:

@@ -95,10 +95,22 @@ def test_recipe_runs_end_to_end_and_resumes(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "Zero-shot synthetic comparative QA on unseen entities" in report
     assert "## Downstream" not in report and "## Smoke checks on bundled fixtures (not results)" in report
+    # W&B off: the zero-shot sample tables are the eval stage's outputs, in its folder (they were written at the top
+    # of run_dir, undocumented and outside any _DONE record)
+    samples = {f"cmp_zero_shot_{m}_samples.csv" for m in ("base", "pretrained")}
+    eval_done = json.loads((tmp_path / "eval" / "_DONE.json").read_text())
+    assert samples <= set(eval_done["outputs"]) and not list(tmp_path.glob("*.csv"))
+    # an eval/ finished before they moved there (no tables in it) is reused as is
+    for name in samples:
+        (tmp_path / "eval" / name).unlink()
+        del eval_done["outputs"][name]
+    (tmp_path / "eval" / "_DONE.json").write_text(json.dumps(eval_done))
     # a finished stage is reused as is
     mtime = (tmp_path / "pretrain" / "model" / "config.json").stat().st_mtime
+    eval_mtime = (tmp_path / "eval" / "predictions_base.jsonl").stat().st_mtime_ns
     assert run(cfg)["pretrain"]["steps"] == 2
     assert (tmp_path / "pretrain" / "model" / "config.json").stat().st_mtime == mtime
+    assert (tmp_path / "eval" / "predictions_base.jsonl").stat().st_mtime_ns == eval_mtime
     # an interrupted stage resumes the fit from checkpoints/last.ckpt (already at max_steps: no new steps)
     (tmp_path / "pretrain" / "_DONE.json").unlink()
     (tmp_path / "eval" / "_DONE.json").unlink()

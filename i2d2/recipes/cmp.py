@@ -275,8 +275,10 @@ def zero_shot_eval(cfg, splits, summaries, model_dir: Path, out_dir: Path, track
         metrics = {**metrics, "n_distinct_predictions": len(answers),
                    "top_prediction": top_pred, "top_prediction_share": n_top / len(rows) if rows else None}
         out[name] = metrics  # its numbers reach the loggers once, with the report (cmp/zero_shot/<name>/*)
+        # W&B off: in the stage's folder beside the predictions (at the top of run_dir it was written only when the
+        # stage ran, and no _DONE record covered it); a finished eval/ from before keeps its recorded outputs
         tracker.log_table(f"cmp/zero_shot/{name}/samples", ["template", "question", "answer", "prediction"],
-                          [[r["template"], r["question"], r["answer"], r["prediction"]] for r in rows[:50]])
+                          [[r["template"], r["question"], r["answer"], r["prediction"]] for r in rows[:50]], out_dir)
         del model
     # reference point: always answering the most frequent training answer (e.g. "yes")
     from i2d2.cmp.evaluation import qa_scores
