@@ -118,6 +118,14 @@ def _drop_lightning_tips(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡 Tip:")
 
 
+def _drop_deepspeed_cpu_notice(record: logging.LogRecord) -> bool:
+    """DeepSpeed's import warns "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+    detect it." on a machine without a GPU, and transformers imports it wherever it is installed: the first
+    ``save_pretrained`` of a run (the critic's, the fine-tuned model's) unwraps the model through accelerate, which
+    checks for a DeepSpeed engine. A run that does not train with DeepSpeed has no use for the line."""
+    return not str(record.msg).startswith("Setting accelerator to CPU")
+
+
 def setup_run(cfg) -> None:
     """Process-wide settings every entry point wants: seeds, quiet libraries, offline hubs, the model cache."""
     import lightning as L
@@ -137,6 +145,13 @@ def setup_run(cfg) -> None:
     rank_zero_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     if _drop_lightning_tips not in rank_zero_log.filters:  # setup_run runs once per entry point, tests many times
         rank_zero_log.addFilter(_drop_lightning_tips)
+    # a filter, not a level: DeepSpeed's import sets its logger's level (to WARNING, the notice's) but keeps filters
+    from i2d2.lightning_setup import is_deepspeed
+
+    deepspeed_log = logging.getLogger("DeepSpeed")
+    deepspeed_log.removeFilter(_drop_deepspeed_cpu_notice)
+    if not is_deepspeed(cfg.get("trainer") or {}):
+        deepspeed_log.addFilter(_drop_deepspeed_cpu_notice)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     use_cache_dir(cfg.get("cache_dir"))  # every loader's cache, those not handed the config included
 

@@ -316,6 +316,28 @@ def test_lightnings_litlogger_tip_is_not_printed():
     assert "GPU available" in out and "litlogger" not in out, out
 
 
+DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+
+
+@pytest.mark.parametrize("strategy,printed", [(None, False), ("deepspeed_stage_2", True)])
+def test_deepspeeds_cpu_notice_is_not_printed_on_a_plain_trainer(tmp_path, strategy, printed):
+    # save_pretrained imports DeepSpeed (accelerate's unwrap_model looks for its engine), whose import printed
+    # "Setting accelerator to CPU. If you have GPU ..." in every CPU run, on the default job's critic or fine-tuning
+    pytest.importorskip("deepspeed")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("DeepSpeed prints the notice only where it finds no GPU")
+    trainer = {"accelerator": "cpu", **({"strategy": strategy} if strategy else {})}
+    code = ("import sys; from omegaconf import OmegaConf; from i2d2.config import setup_run; "
+            f"setup_run(OmegaConf.create({{'seed': 0, 'trainer': {trainer!r}}})); "
+            "from i2d2.models import tiny_model; assert 'deepspeed' not in sys.modules; "
+            f"tiny_model('gpt2')[0].save_pretrained({str(tmp_path / 'model')!r}); assert 'deepspeed' in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=launch_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (DEEPSPEED_CPU_NOTICE in r.stdout + r.stderr) == printed, r.stdout + r.stderr
+
+
 def test_a_sigterm_of_an_earlier_run_does_not_carry_into_a_run_in_another_thread(monkeypatch):
     """hydra_main takes an error as the SIGTERM's doing once the process saw one (``_SIGTERM_SEEN``, kept after the
     block). A run in a thread other than the main one (no handler can be installed there) kept the flag of an
