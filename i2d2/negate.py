@@ -127,9 +127,10 @@ def negation_options(args) -> tuple[dict, dict]:
 
     try:  # the ranges now, before the models load (e.g. --num-candidates 0, --top-p 2)
         fill(NegationOptions, opts, where="negation options")
-    except ValueError as e:  # named by the option's key (num_candidates): say which flag gave it, if one did
-        flags = [f"{OPTIONS[k]} {opts[k]}" for k in OPTIONS if source.get(k) == "command line" and k in str(e)]
-        given = f"given as {', '.join(flags)}; " if flags else ""
+    except ValueError as e:  # the option it concerns (OptionError.key): say which flag gave it, if one did. Not every
+        # key found in the message: "masking: max_blanks and max_variants must be >= 1" blamed both flags for one value
+        key = getattr(e, "key", None)
+        given = f"given as {OPTIONS[key]} {opts[key]}; " if key in OPTIONS and source.get(key) == "command line" else ""
         raise InputError(f"{e} ({given}options: command line > {args.adapter}/negverse.json > defaults)") from None
     return opts, source
 

@@ -265,6 +265,15 @@ class FinetuneConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
+class OptionError(ValueError):
+    """A value a schema refuses, with the field it concerns (``key``: ``top_p``; a nested one as its path), so that a
+    caller can say where that value came from (``i2d2.negate``: the command-line flag) without reading the message."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 @dataclass
 class NegverseGenerate:
     num_candidates: int = 2  # sampled continuations per masked variant (raise on a GPU)
@@ -277,9 +286,11 @@ class NegverseGenerate:
     def __post_init__(self):
         for k in ("num_candidates", "batch_size", "max_new_tokens"):
             if int(getattr(self, k)) < 1:
-                raise ValueError(f"generate.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
-        if self.do_sample and (not 0 < self.top_p <= 1 or self.temperature <= 0):  # unused by greedy decoding
-            raise ValueError(f"generate.top_p must be in (0, 1] and temperature > 0, got {self.top_p!r} / {self.temperature!r}")
+                raise OptionError(k, f"generate.{k}: must be an integer >= 1, got {getattr(self, k)!r}")
+        if self.do_sample and not 0 < self.top_p <= 1:  # (both unused by greedy decoding)
+            raise OptionError("top_p", f"generate.top_p: must be in (0, 1], got {self.top_p!r}")
+        if self.do_sample and self.temperature <= 0:
+            raise OptionError("temperature", f"generate.temperature: must be > 0, got {self.temperature!r}")
 
 
 @dataclass
@@ -294,9 +305,10 @@ class NegverseMasking:
 
         unknown = sorted(set(self.rules) - set(RULES))
         if unknown or not self.rules:
-            raise ValueError(f"masking.rules: unknown or no rule(s) {unknown}; known: {list(RULES)}")
-        if self.max_blanks < 1 or self.max_variants < 1 or self.min_two_blank < 0:
-            raise ValueError("masking: max_blanks and max_variants must be >= 1, min_two_blank >= 0")
+            raise OptionError("rules", f"masking.rules: unknown or no rule(s) {unknown}; known: {list(RULES)}")
+        for k, least in (("max_blanks", 1), ("max_variants", 1), ("min_two_blank", 0)):
+            if getattr(self, k) < least:
+                raise OptionError(k, f"masking.{k}: must be >= {least}, got {getattr(self, k)!r}")
 
 
 @dataclass
@@ -307,9 +319,10 @@ class NegverseFilters:
     grammar: bool = True  # drop candidates whose negation cue the parse puts where English does not (filters.py)
 
     def __post_init__(self):
-        if not self.max_distance > 0 or self.max_len_ratio < 1:  # a distance above 1 keeps every length
-            raise ValueError(f"filters: max_distance must be > 0 and max_len_ratio >= 1, got "
-                             f"{self.max_distance!r} / {self.max_len_ratio!r}")
+        if not self.max_distance > 0:  # a distance above 1 keeps every length
+            raise OptionError("max_distance", f"filters.max_distance: must be > 0, got {self.max_distance!r}")
+        if self.max_len_ratio < 1:
+            raise OptionError("max_len_ratio", f"filters.max_len_ratio: must be >= 1, got {self.max_len_ratio!r}")
 
 
 @dataclass
@@ -319,7 +332,8 @@ class NegverseTrainMasking(NegverseMasking):
     def __post_init__(self):
         super().__post_init__()
         if self.train_max_variants < 1:
-            raise ValueError(f"masking.train_max_variants: must be >= 1, got {self.train_max_variants!r}")
+            raise OptionError("train_max_variants",
+                              f"masking.train_max_variants: must be >= 1, got {self.train_max_variants!r}")
 
 
 @dataclass
@@ -375,8 +389,9 @@ def fill(schema: type, cfg: Any = None, where: str | None = None, none_means_def
         merged = OmegaConf.merge(base, given)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)  # a nested key's path: critic.lora.rank
-        where = f"{where}.{key}" if key else where
-        raise ValueError(f"{where}: {e.msg if hasattr(e, 'msg') else e}".split("\n")[0]) from None
+        message = f"{where}.{key}" if key else where
+        message = f"{message}: {e.msg if hasattr(e, 'msg') else e}".split("\n")[0]
+        raise (OptionError(key, message) if key else ValueError(message)) from None
     out = OmegaConf.to_container(merged, resolve=True)
     if hasattr(schema, "__post_init__"):  # range checks (OmegaConf checks types only)
         schema(**out)

@@ -253,12 +253,28 @@ def test_negate_takes_settings_from_the_adapter_then_the_command_line(tmp_path, 
     assert main(["x", "--adapter", str(tmp_path / "not_an_adapter")]) == 2
     assert "not a NegVerse adapter" in capsys.readouterr().err
     # values no generation can use: refused before any model loads, naming the setting
-    for bad, msg in ((["-n", "0"], "num_candidates: must be an integer >= 1"), (["--top-p", "2"], "top_p must be in"),
-                     (["--max-distance", "-1"], "max_distance must be > 0"), (["-n", "0"], "given as --num-candidates 0;"),
+    for bad, msg in ((["-n", "0"], "num_candidates: must be an integer >= 1"), (["--top-p", "2"], "top_p: must be in"),
+                     (["--max-distance", "-1"], "max_distance: must be > 0"), (["-n", "0"], "given as --num-candidates 0;"),
                      (["--top-p", "2"], "given as --top-p 2.0;")):
         assert main(["x", "--adapter", str(adapter), *bad]) == 2
         assert msg in capsys.readouterr().err
     assert negation_options(parse_args(["x", "--adapter", str(adapter), "--greedy", "--temperature", "0"]))[0]["do_sample"] is False
+
+
+@pytest.mark.parametrize("bad,flag,other", [(["--max-variants", "0", "--max-blanks", "3"], "--max-variants 0", "--max-blanks"),
+                                            (["--top-p", "0.5", "--temperature", "0"], "--temperature 0.0", "--top-p"),
+                                            (["--max-blanks", "0", "--max-variants", "3"], "--max-blanks 0", "--max-variants")])
+def test_negate_names_the_flag_of_the_value_refused_and_no_other(tmp_path, capsys, bad, flag, other):
+    # the flags were those whose option's key was anywhere in the message: "masking: max_blanks and max_variants must
+    # be >= 1" said "given as --max-variants 0, --max-blanks 3", and a temperature of 0 blamed --top-p 0.5 as well
+    from i2d2.negate import main
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "negverse.json").write_text(json.dumps({"base_model": "tiny:gpt2", "task": {}}))
+    assert main(["x", "--adapter", str(adapter), *bad]) == 2
+    err = capsys.readouterr().err
+    assert f"(given as {flag}; options:" in err and other not in err, err
 
 
 @pytest.mark.parametrize("candidate", ["Everyone liked the neither the teacher.", "Everyone liked the nor teacher."])
