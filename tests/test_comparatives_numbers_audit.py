@@ -101,8 +101,9 @@ def test_cut_precision_on_test_does_not_depend_on_the_order_of_tied_scores():
     assert precision_at_top(np.array([1, 0, 1, 0]), np.array([0.9, 0.8, 0.7, 0.6]), 0.5) == (0.5, 2)
 
 
-def test_discriminator_stage_logs_each_cut_precision_with_its_n_kept(tmp_path, monkeypatch):
-    """The tracker got critic/test_precision_<cut> alone: a precision without the rows it was measured on."""
+def _run_discriminator(tmp_path, monkeypatch):
+    """discriminator_stage on 5 statements with a stand-in critic whose 10 test rows rank best first, every second
+    one valid (5 valid): (its return value, the metrics the tracker got)."""
     import critics.scoring
     import critics.train
     from hydra import compose, initialize_config_dir
@@ -138,8 +139,32 @@ def test_discriminator_stage_logs_each_cut_precision_with_its_n_kept(tmp_path, m
 
     tracker = Recorder()
     out = discriminator_stage(cfg, in_path, tmp_path / "critic", tmp_path / "discriminator", tracker)
+    return out, tracker.metrics
+
+
+def test_discriminator_stage_logs_each_cut_precision_with_its_n_kept(tmp_path, monkeypatch):
+    """The tracker got critic/test_precision_<cut> alone: a precision without the rows it was measured on."""
+    out, logged = _run_discriminator(tmp_path, monkeypatch)
     cuts = out["critic"]["cuts_test"]
     assert {n: c["n_kept"] for n, c in cuts.items()} == {"nc_xl": 10, "nc_l": 5, "nc_s": 2}
     for name, c in cuts.items():
-        assert tracker.metrics[f"critic/test_precision_{name}"] == c["precision"]
-        assert tracker.metrics[f"critic/test_n_kept_{name}"] == c["n_kept"]
+        assert logged[f"critic/test_precision_{name}"] == c["precision"]
+        assert logged[f"critic/test_n_kept_{name}"] == c["n_kept"]
+
+
+def test_each_cut_precision_comes_with_its_recall_and_fraction_on_test(tmp_path, monkeypatch):
+    """A cut's test precision came with its row count only: NC-S's 0.500 on 2 rows did not say that it keeps 1 of the
+    5 valid test statements. Its recall (share of the test's valid statements kept) goes beside it, in the run's
+    record, the tracker and the report, with the fraction the cut takes of the test statements and the source."""
+    from i2d2.recipes.comparatives import _discriminator_lines
+
+    out, logged = _run_discriminator(tmp_path, monkeypatch)
+    cuts = out["critic"]["cuts_test"]
+    # rows best first with labels 0 1 0 1 0 1 0 1 0 1: top 2 hold 1 valid, top 5 hold 2, all 10 hold 5
+    assert {n: (c["precision"], c["recall"], c["fraction"]) for n, c in cuts.items()} == {
+        "nc_xl": (0.5, 1.0, 1.0), "nc_l": (0.4, 0.4, 0.5), "nc_s": (0.5, 0.2, 0.2)}
+    assert all(logged[f"critic/test_recall_{n}"] == c["recall"] for n, c in cuts.items())
+    assert "test" in out["critic"]["sources"]["cuts_test"] and "fraction" in out["critic"]["sources"]["cuts_test"]
+    md = "\n".join(_discriminator_lines(out["critic"]))
+    assert ("| precision of the nc_s cut on test, its best-scored 20 % of them (kept; recall; 95 % interval) "
+            "| 0.500 (2; recall 0.200; ") in md

@@ -506,18 +506,27 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
     cut_test = {}
     for name, frac in (_plain(dcfg.cuts).items() if len(test) else ()):
         prec, n_kept = precision_at_top(y, s, float(frac))
-        cut_test[name] = {"precision": prec, "n_kept": n_kept,  # a 95 % Wilson interval: what n_kept rows can show
+        # the yield beside the precision: the share of the test split's valid statements the cut keeps (a smaller
+        # cut's precision alone hid how much of what is valid it throws away)
+        recall = None if prec is None or not y.sum() else prec * n_kept / float(y.sum())
+        cut_test[name] = {"precision": prec, "n_kept": n_kept, "recall": recall, "fraction": float(frac),
+                          # a 95 % Wilson interval: what n_kept rows can show
                           "ci95": None if prec is None else list(wilson_interval(round(prec * n_kept), n_kept))}
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
-        # each precision with the rows it is measured on: a precision alone does not say what it is worth
+        # each precision with the rows it is measured on and its recall: a precision alone does not say what it is worth
         tracker.log_metrics({f"critic/test_{k}_{name}": c[k] for name, c in cut_test.items()
-                             if c["precision"] is not None for k in ("precision", "n_kept")})
+                             if c["precision"] is not None for k in ("precision", "n_kept", "recall")})
+    # which data each number comes from, as the critic records it (p_at_r picks its cut on the test rows it scores;
+    # delta / precision / recall are the critic's δ cut, chosen on dev, which this task's fractional cuts never use)
+    sources = {**(critic.get("sources") or {}),
+               "cuts_test": "test: each cut's fraction of the test statements, best scored first (the cut's share, "
+                            "not the score it stops at on this run's statements); recall over the test's valid ones"}
     return {**summary, "critic": {**{k: critic.get(k) for k in (
         "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "recall_cut", "recall_cut_precision",
         "recall_cut_recall", "recall_cut_n_kept", "n_train", "n_dev", "n_test",
-        "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test", "sources")},
-        "cuts_test": cut_test}}
+        "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test")},
+        "cuts_test": cut_test, "sources": sources}}
 
 
 # ----------------------------------------------------------------------------- the iteration
@@ -861,10 +870,18 @@ def _discriminator_lines(c: dict) -> list[str]:
               f"| surface-only floor AP, test (must beat it by ≥ {margin_text(c.get('surface_ap'))}) | {fmt(c.get('surface_ap'))} |",
               ] + ([f"| LM-perplexity AP, test | {fmt(c['ap_perplexity'])} |"] if c.get("ap_perplexity") is not None
                    else [])
-    lines += [f"| precision of the {name} cut on test (kept; 95 % interval) | {fmt(v['precision'])} ({v['n_kept']}"
+    # a cut keeps a fraction of this run's statements; on test it is that fraction of the test statements
+    lines += [f"| precision of the {name} cut on test{_fraction_text(v)} (kept; recall; 95 % interval) | "
+              f"{fmt(v['precision'])} ({v['n_kept']}; recall {fmt(v.get('recall'))}"
               + ("" if not v.get("ci95") else "; {:.2f}–{:.2f}".format(*v["ci95"])) + ") |"
               for name, v in (c.get("cuts_test") or {}).items()]
     return lines
+
+
+def _fraction_text(cut: dict) -> str:
+    """', its best-scored 50 % of them' for a cut that records its fraction (runs from before it did: nothing)."""
+    frac = cut.get("fraction")
+    return "" if frac is None else f", its best-scored {100 * frac:g} % of them"
 
 
 def run(cfg) -> dict:
