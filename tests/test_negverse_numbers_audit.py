@@ -152,3 +152,18 @@ def test_readme_grammar_filter_figures_are_what_the_filter_gives_on_the_fresh_se
     assert (got["dropped_ungrammatical"], got["dropped_valid"]) == (59, 0)
     assert round(100 * got["valid_share_before"], 1) == 30.6 and round(100 * got["valid_share_after"], 1) == 66.7
     assert json.loads(json.dumps(got)) == got
+
+
+def test_report_says_the_eval_rates_are_read_by_the_filters_that_chose_the_kept_set():
+    """With a fresh eval file the report gave keep rate, sentences_with_negation and type shares bare: read as a share
+    of sentences negated correctly, though the filters and cue detector that chose the kept rows measure them too."""
+    from i2d2.recipes.negverse import _report
+
+    summary = {"eval": {"n_sentences": 4, "n_sentences_with_negation": 3, "sentences_with_negation": 0.75,
+                        "keep_rate": 0.5, "type_verbal": 1.0}, "train": {"val_loss": 1.0}, "data": {"n_pairs": 2}}
+    for bundled in (False, True):
+        md = _report(summary, bundled_eval=bundled, eval_name="fresh.txt")
+        note = md.split("| metric | value |")[0]  # said before the numbers
+        assert "own filters and cue detector" in note and "no output was judged" in note
+        assert "`sentences_with_negation` is the share of sentences with at least one candidate the filters kept" in note
+        assert "grammar_eval --judged" in note

@@ -334,6 +334,15 @@ BUNDLED_EVAL_NOTE = ("The degenerate and grammar filters were in part written fr
                      "(measure on a fresh `data.eval_sentences`).")
 
 
+# what every evaluation number is, whatever the file: the filters and the cue detector that chose the kept set also
+# measure it, and no person judged the rows; sentences_with_negation read as a share of sentences correctly negated
+SELF_MEASURED_NOTE = ("Every count and rate here is read by this run's own filters and cue detector, the ones that "
+                      "chose the kept set; no output was judged. `sentences_with_negation` is the share of sentences "
+                      "with at least one candidate the filters kept (`n_sentences_with_negation`), not a share "
+                      "negated correctly, and the type shares are the cue detector's reading of the kept rows. The "
+                      "share valid among kept needs judged outputs: `python -m i2d2.negverse.grammar_eval --judged FILE`.")
+
+
 def _report(summary: dict, bundled_eval: bool = False, eval_name: str = "eval sentences") -> str:
     def rows(d):  # timings and this process's bookkeeping stay in report.json: same results, same report.md bytes
         return [f"| {k} | {'–' if v is None else round(v, 4) if isinstance(v, float) else v} |" for k, v in d.items()
@@ -342,6 +351,7 @@ def _report(summary: dict, bundled_eval: bool = False, eval_name: str = "eval se
 
     return "\n".join(["# NegVerse run", "", "Sample negations: `eval/samples.md`; all kept: `eval/negations.jsonl`.", "",
                       f"## Evaluation ({summary['eval'].get('n_sentences', '?')} sentences of `{eval_name}`)", "", *([BUNDLED_EVAL_NOTE, ""] if bundled_eval else []),
+                      SELF_MEASURED_NOTE, "",
                       "| metric | value |", "|---|---|", *rows(summary["eval"]), "",
                       "## Prompt tuning", "", "| key | value |", "|---|---|", *rows(summary["train"]), "",
                       "## Training data", "", "| key | value |", "|---|---|", *rows(summary["data"])]) + "\n"
