@@ -341,10 +341,14 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     # precision at the target recall as a filter would get it: the cut is chosen on dev, measured on test
     r_cut = cut_at_recall(y_dev, s_dev, float(cfg["target_recall"]))
     r_cut_p, r_cut_r, r_cut_n = (None, None, None) if r_cut is None else precision_recall_at(y_test, s_test, r_cut)
+    # p_at_r's own cut, picked on test: its recall and rows kept beside it (the precision alone was logged bare)
+    oracle = cut_at_recall(y_test, s_test, float(cfg["target_recall"]))
+    _, p_at_r_recall, p_at_r_n = (None, None, None) if oracle is None else precision_recall_at(y_test, s_test, oracle)
     summary = {
         "model_dir": str(model_dir), "ap": ap, "ap_perplexity": ap_ppl, "delta": float(delta),
         "precision": precision, "recall": recall, "n_kept_test": n_kept, "target_precision_reached": reached,
         "p_at_r": precision_at_recall(y_test, s_test, float(cfg["target_recall"])),
+        "p_at_r_recall": p_at_r_recall, "p_at_r_n_kept": p_at_r_n,
         "target_recall": cfg["target_recall"], "recall_cut": r_cut, "recall_cut_precision": r_cut_p,
         "recall_cut_recall": r_cut_r, "recall_cut_n_kept": r_cut_n,
         "dev_ap": average_precision(y_dev, s_dev), "dev_precision": dev_precision, "dev_recall": dev_recall,
@@ -358,6 +362,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         "sources": {"delta": delta_from, "recall_cut": "dev (best precision at target_recall)",
                     "recall_cut_*": "test, at the dev cut",
                     "p_at_r": "test, its cut chosen on test (a ranking summary like ap)",
+                    "p_at_r_recall, p_at_r_n_kept": "test, at p_at_r's cut (chosen on test)",
                     "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
                     "ap, precision, recall, ap_perplexity, surface_ap": "test",
                     "probe_*": "probes.jsonl (hand-written, never trained on)"},

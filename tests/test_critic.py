@@ -251,6 +251,10 @@ def test_tiny_critic_trains_and_writes_outputs(tiny_critic):
     assert res["recall_cut"] == pytest.approx(cut)
     p, r, n = precision_recall_at(y, s, cut)
     assert (res["recall_cut_precision"], res["recall_cut_recall"], res["recall_cut_n_kept"]) == (p, r, n)
+    # p_at_r, its cut picked on test, comes with that cut's recall and rows kept (it was a precision alone)
+    p, r, n = precision_recall_at(y, s, cut_at_recall(y, s, cfg.target_recall))
+    assert (res["p_at_r"], res["p_at_r_recall"], res["p_at_r_n_kept"]) == (pytest.approx(p), r, n)
+    assert r >= cfg.target_recall and "test" in res["sources"]["p_at_r_recall, p_at_r_n_kept"]
     assert res["ap"] == pytest.approx(average_precision(y, s))
     assert res["ap_perplexity"] == pytest.approx(average_precision(y, -np.log([v["perplexity"] for v in test])))
     # the surface floor and the probes are measured every time

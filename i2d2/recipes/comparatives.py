@@ -523,7 +523,8 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
                "cuts_test": "test: each cut's fraction of the test statements, best scored first (the cut's share, "
                             "not the score it stops at on this run's statements); recall over the test's valid ones"}
     return {**summary, "critic": {**{k: critic.get(k) for k in (
-        "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "recall_cut", "recall_cut_precision",
+        "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "p_at_r_recall", "p_at_r_n_kept",
+        "recall_cut", "recall_cut_precision",
         "recall_cut_recall", "recall_cut_n_kept", "n_train", "n_dev", "n_test",
         "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test")},
         "cuts_test": cut_test, "sources": sources}}
