@@ -167,3 +167,17 @@ def test_report_says_the_eval_rates_are_read_by_the_filters_that_chose_the_kept_
         assert "own filters and cue detector" in note and "no output was judged" in note
         assert "`sentences_with_negation` is the share of sentences with at least one candidate the filters kept" in note
         assert "grammar_eval --judged" in note
+
+
+def test_report_names_the_data_behind_val_loss_and_that_it_chose_nothing():
+    """The prompt-tuning table gave val_loss with no word on its data (its count sat in a row below, n_val in another
+    table was the whole split) nor on whether it picked the adapter."""
+    from i2d2.recipes.negverse import _report
+
+    summary = {"eval": {"n_sentences": 1}, "data": {"n_val": 84},
+               "train": {"val_loss": 1.5, "n_val_loss_examples": 16, "train_loss_first10": 2.0}}
+    tuning = _report(summary).split("## Prompt tuning")[1].split("| key | value |")[0]
+    assert "`val_loss`: the first 16 examples of the validation split" in tuning
+    assert "nothing was selected on it" in tuning and "training batches" in tuning
+    no_val = dict(summary, train={"val_loss": None, "n_val_loss_examples": 0})
+    assert "`val_loss`" not in _report(no_val).split("## Prompt tuning")[1].split("| key | value |")[0]

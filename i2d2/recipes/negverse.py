@@ -343,6 +343,16 @@ SELF_MEASURED_NOTE = ("Every count and rate here is read by this run's own filte
                       "share valid among kept needs judged outputs: `python -m i2d2.negverse.grammar_eval --judged FILE`.")
 
 
+def _train_note(train: dict) -> list[str]:
+    """Which data the prompt tuning's losses come from: the table gave val_loss beside n_val (the whole split) with no
+    word on which examples it read or whether it picked anything."""
+    if train.get("val_loss") is None:
+        return []
+    return [f"`val_loss`: the first {train.get('n_val_loss_examples', '?')} examples of the validation split (masked "
+            "variants of original sentences held out of training); nothing was selected on it (the adapter is the last step's, no early "
+            "stopping). `train_loss_*`: the mean loss of the first / last 10 training steps, on training batches.", ""]
+
+
 def _report(summary: dict, bundled_eval: bool = False, eval_name: str = "eval sentences") -> str:
     def rows(d):  # timings and this process's bookkeeping stay in report.json: same results, same report.md bytes
         return [f"| {k} | {'–' if v is None else round(v, 4) if isinstance(v, float) else v} |" for k, v in d.items()
@@ -353,5 +363,6 @@ def _report(summary: dict, bundled_eval: bool = False, eval_name: str = "eval se
                       f"## Evaluation ({summary['eval'].get('n_sentences', '?')} sentences of `{eval_name}`)", "", *([BUNDLED_EVAL_NOTE, ""] if bundled_eval else []),
                       SELF_MEASURED_NOTE, "",
                       "| metric | value |", "|---|---|", *rows(summary["eval"]), "",
-                      "## Prompt tuning", "", "| key | value |", "|---|---|", *rows(summary["train"]), "",
+                      "## Prompt tuning", "", *_train_note(summary["train"]),
+                      "| key | value |", "|---|---|", *rows(summary["train"]), "",
                       "## Training data", "", "| key | value |", "|---|---|", *rows(summary["data"])]) + "\n"
