@@ -350,7 +350,8 @@ def test_cut_precision_on_labelled_rows_and_the_floor_warning():
     md = "\n".join(_discriminator_lines(c))
     assert "Warning: the discriminator's test AP 0.445 does not beat the surface-only floor 0.555" in md
     # a record from before the recall and fraction were kept: the row reads '–' for the recall, no fraction
-    assert "| precision of the nc_s cut on test (kept; recall; 95 % interval) | 0.400 (30; recall –; 0.25–0.58) |" in md
+    assert "| precision of the nc_s cut on test (kept; recall; 95 % interval) | 0.400 (30; recall –; 0.25–0.58) |" \
+        in md
     assert "| 0.340 |" in md
     from i2d2.metrics import wilson_interval
     lo, hi = wilson_interval(15, 30)

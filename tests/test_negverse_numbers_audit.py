@@ -165,7 +165,8 @@ def test_report_says_the_eval_rates_are_read_by_the_filters_that_chose_the_kept_
         md = _report(summary, bundled_eval=bundled, eval_name="fresh.txt")
         note = md.split("| metric | value |")[0]  # said before the numbers
         assert "own filters and cue detector" in note and "no output was judged" in note
-        assert "`sentences_with_negation` is the share of sentences with at least one candidate the filters kept" in note
+        assert ("`sentences_with_negation` is the share of sentences with at least one candidate the filters kept"
+                in note)
         assert "grammar_eval --judged" in note
 
 

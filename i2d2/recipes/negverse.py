@@ -340,7 +340,8 @@ SELF_MEASURED_NOTE = ("Every count and rate here is read by this run's own filte
                       "chose the kept set; no output was judged. `sentences_with_negation` is the share of sentences "
                       "with at least one candidate the filters kept (`n_sentences_with_negation`), not a share "
                       "negated correctly, and the type shares are the cue detector's reading of the kept rows. The "
-                      "share valid among kept needs judged outputs: `python -m i2d2.negverse.grammar_eval --judged FILE`.")
+                      "share valid among kept needs judged outputs: "
+                      "`python -m i2d2.negverse.grammar_eval --judged FILE`.")
 
 
 def _train_note(train: dict) -> list[str]:
@@ -349,8 +350,9 @@ def _train_note(train: dict) -> list[str]:
     if train.get("val_loss") is None:
         return []
     return [f"`val_loss`: the first {train.get('n_val_loss_examples', '?')} examples of the validation split (masked "
-            "variants of original sentences held out of training); nothing was selected on it (the adapter is the last step's, no early "
-            "stopping). `train_loss_*`: the mean loss of the first / last 10 training steps, on training batches.", ""]
+            "variants of original sentences held out of training); nothing was selected on it (the adapter is the "
+            "last step's, no early stopping). `train_loss_*`: the mean loss of the first / last 10 training steps, on "
+            "training batches.", ""]
 
 
 def _report(summary: dict, bundled_eval: bool = False, eval_name: str = "eval sentences") -> str:
