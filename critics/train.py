@@ -363,7 +363,9 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
                     "recall_cut_*": "test, at the dev cut",
                     "p_at_r": "test, its cut chosen on test (a ranking summary like ap)",
                     "p_at_r_recall, p_at_r_n_kept": "test, at p_at_r's cut (chosen on test)",
-                    "checkpoint": f"dev ({cfg['monitor']})", "dev_*": "dev",
+                    "checkpoint": f"dev ({cfg['monitor']})",
+                    # measured on the rows that picked δ and the checkpoint: a selected value, not an estimate
+                    "dev_*": "dev, the split that chose the checkpoint" + (" and δ" if delta_from == "dev" else ""),
                     "ap, precision, recall, ap_perplexity, surface_ap": "test",
                     "probe_*": "probes.jsonl (hand-written, never trained on)"},
         "pr_curve": str(out_dir / "pr_curve.png"), "score_histogram": str(out_dir / "score_histogram.png"),

@@ -255,6 +255,8 @@ def test_tiny_critic_trains_and_writes_outputs(tiny_critic):
     p, r, n = precision_recall_at(y, s, cut_at_recall(y, s, cfg.target_recall))
     assert (res["p_at_r"], res["p_at_r_recall"], res["p_at_r_n_kept"]) == (pytest.approx(p), r, n)
     assert r >= cfg.target_recall and "test" in res["sources"]["p_at_r_recall, p_at_r_n_kept"]
+    # dev_* are read on the rows that chose δ and the checkpoint, and say so
+    assert res["sources"]["dev_*"] == "dev, the split that chose the checkpoint and δ"
     assert res["ap"] == pytest.approx(average_precision(y, s))
     assert res["ap_perplexity"] == pytest.approx(average_precision(y, -np.log([v["perplexity"] for v in test])))
     # the surface floor and the probes are measured every time
