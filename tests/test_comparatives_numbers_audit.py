@@ -168,3 +168,25 @@ def test_each_cut_precision_comes_with_its_recall_and_fraction_on_test(tmp_path,
     md = "\n".join(_discriminator_lines(out["critic"]))
     assert ("| precision of the nc_s cut on test, its best-scored 20 % of them (kept; recall; 95 % interval) "
             "| 0.500 (2; recall 0.200; ") in md
+
+
+def test_each_cut_is_also_measured_on_test_at_the_score_it_stops_at_on_the_run(tmp_path, monkeypatch):
+    """The test precision of a cut was that of the best-scored fraction of the test rows, which says how the critic
+    ranks them, not what the kept set's rule keeps: the run's NC-S stops at some score of its own statements, and the
+    test rows at or above that score are what that rule keeps of labelled statements (no label set the threshold)."""
+    from i2d2.recipes.comparatives import _discriminator_lines
+
+    out, logged = _run_discriminator(tmp_path, monkeypatch)
+    cuts = out["critic"]["cuts_test"]
+    # the run's 5 statements score 1, .75, .5, .25, 0: nc_s keeps ceil(.2 * 5) = 1 (stops at 1.0), nc_l 3 (at 0.5),
+    # nc_xl all 5 (at 0.0); the test rows score 1, .9, ..., .1 with labels 0 1 0 1 0 1 0 1 0 1
+    at = {n: c["at_run_threshold"] for n, c in cuts.items()}
+    assert {n: (t["threshold"], t["n_kept"]) for n, t in at.items()} == {
+        "nc_s": (1.0, 1), "nc_l": (0.5, 6), "nc_xl": (0.0, 10)}
+    assert (at["nc_s"]["precision"], at["nc_s"]["recall"]) == (0.0, 0.0)
+    assert (at["nc_l"]["precision"], at["nc_l"]["recall"]) == (pytest.approx(3 / 6), pytest.approx(3 / 5))
+    assert logged["critic/test_at_run_threshold_n_kept_nc_l"] == 6
+    assert "threshold" in out["critic"]["sources"]["cuts_test.*.at_run_threshold"]
+    md = "\n".join(_discriminator_lines(out["critic"]))
+    assert ("| precision on test at the nc_l cut's threshold on this run's statements (score ≥ 0.500; kept; recall) "
+            "| 0.500 (6; recall 0.600) |") in md

@@ -511,23 +511,43 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
         recall = None if prec is None or not y.sum() else prec * n_kept / float(y.sum())
         cut_test[name] = {"precision": prec, "n_kept": n_kept, "recall": recall, "fraction": float(frac),
                           # a 95 % Wilson interval: what n_kept rows can show
-                          "ci95": None if prec is None else list(wilson_interval(round(prec * n_kept), n_kept))}
+                          "ci95": None if prec is None else list(wilson_interval(round(prec * n_kept), n_kept)),
+                          "at_run_threshold": _at_run_threshold(y, s, out_dir / f"{name}.jsonl")}
     if tracker is not None:
         tracker.log_metrics({f"filter/discriminator/{k}": v for k, v in summary.items()})
         # each precision with the rows it is measured on and its recall: a precision alone does not say what it is worth
         tracker.log_metrics({f"critic/test_{k}_{name}": c[k] for name, c in cut_test.items()
                              if c["precision"] is not None for k in ("precision", "n_kept", "recall")})
+        tracker.log_metrics({f"critic/test_at_run_threshold_{k}_{name}": c["at_run_threshold"][k]
+                             for name, c in cut_test.items() if c["at_run_threshold"]
+                             for k in ("precision", "n_kept", "recall") if c["at_run_threshold"][k] is not None})
     # which data each number comes from, as the critic records it (p_at_r picks its cut on the test rows it scores;
     # delta / precision / recall are the critic's δ cut, chosen on dev, which this task's fractional cuts never use)
     sources = {**(critic.get("sources") or {}),
                "cuts_test": "test: each cut's fraction of the test statements, best scored first (the cut's share, "
-                            "not the score it stops at on this run's statements); recall over the test's valid ones"}
+                            "not the score it stops at on this run's statements); recall over the test's valid ones",
+               "cuts_test.*.at_run_threshold": "test: the test statements scoring at least the lowest score the cut "
+                                               "kept of this run's statements (a threshold set on unlabelled rows)"}
     return {**summary, "critic": {**{k: critic.get(k) for k in (
         "ap", "ap_perplexity", "delta", "precision", "recall", "p_at_r", "p_at_r_recall", "p_at_r_n_kept",
         "recall_cut", "recall_cut_precision",
         "recall_cut_recall", "recall_cut_n_kept", "n_train", "n_dev", "n_test",
         "n_test_concepts", "test_valid_rate", "surface_ap", "n_kept_test")},
         "cuts_test": cut_test, "sources": sources}}
+
+
+def _at_run_threshold(y: np.ndarray, s: np.ndarray, cut_path: Path) -> dict | None:
+    """What the cut in ``cut_path`` keeps of the labelled test rows at its own threshold: the lowest critic score it
+    kept of this run's statements (no label chose it). The top-fraction figure ranks the test rows among themselves;
+    this one is the kept set's rule applied to them. None where the cut kept nothing."""
+    kept_scores = [r["critic_score"] for r in read_jsonl(cut_path)] if cut_path.exists() else []
+    if not kept_scores:
+        return None
+    threshold = float(min(kept_scores))
+    keep = s >= threshold
+    n_kept, tp, n_valid = int(keep.sum()), float(y[keep].sum()), float(y.sum())
+    return {"threshold": threshold, "n_kept": n_kept, "precision": tp / n_kept if n_kept else None,
+            "recall": tp / n_valid if n_valid else None}
 
 
 # ----------------------------------------------------------------------------- the iteration
@@ -876,6 +896,11 @@ def _discriminator_lines(c: dict) -> list[str]:
               f"{fmt(v['precision'])} ({v['n_kept']}; recall {fmt(v.get('recall'))}"
               + ("" if not v.get("ci95") else "; {:.2f}–{:.2f}".format(*v["ci95"])) + ") |"
               for name, v in (c.get("cuts_test") or {}).items()]
+    # the same cuts by the score each stops at on this run's statements: the kept set's own rule on the test rows
+    lines += [f"| precision on test at the {name} cut's threshold on this run's statements (score ≥ "
+              f"{fmt(t['threshold'])}; kept; recall) | {fmt(t['precision'])} ({t['n_kept']}; "
+              f"recall {fmt(t['recall'])}) |"
+              for name, v in (c.get("cuts_test") or {}).items() if (t := v.get("at_run_threshold"))]
     return lines
 
 
