@@ -182,3 +182,33 @@ def test_report_names_the_data_behind_val_loss_and_that_it_chose_nothing():
     assert "nothing was selected on it" in tuning and "training batches" in tuning
     no_val = dict(summary, train={"val_loss": None, "n_val_loss_examples": 0})
     assert "`val_loss`" not in _report(no_val).split("## Prompt tuning")[1].split("| key | value |")[0]
+
+
+def test_grammar_eval_flags_judged_files_that_shaped_the_filter(nlp, tmp_path):
+    """grammar_eval --judged printed valid shares and drop precision on the judged files whose items the filter's checks
+    were written from (the first fresh set, the bundled outputs) as on a fresh one: a number on data that chose."""
+    import shutil
+
+    from i2d2.negverse.cues import CueDetector
+    from i2d2.negverse.data import DATA_DIR
+    from i2d2.negverse.grammar_eval import score_judged
+
+    judged = DATA_DIR / "judged"
+    copy = shutil.copy(judged / "fresh_outputs.jsonl", tmp_path / "renamed.jsonl")  # a copy is the same rows
+    for path in (judged / "grammar_filter_outputs.jsonl", judged / "fresh_outputs.jsonl", copy):
+        got = score_judged(path, nlp, CueDetector(nlp))
+        assert got["shaped_the_filter"] and "do not measure it" in got["note"], path
+    fresh = score_judged(judged / "fresh_outputs_2.jsonl", nlp, CueDetector(nlp))  # the README's measurement
+    assert fresh["shaped_the_filter"] is False and "note" not in fresh
+
+
+def test_grammar_eval_warns_for_the_bundled_eval_sentences_however_named(tmp_path):
+    """Its keep-rate warning read ``not data.eval_sentences``: the bundled file named by its path went unflagged."""
+    from i2d2.negverse.data import DATA_DIR
+    from i2d2.negverse.grammar_eval import bundled_eval_sentences
+
+    fresh = tmp_path / "fresh.txt"
+    fresh.write_text("The dog is hungry.\n")
+    assert bundled_eval_sentences(None) and bundled_eval_sentences(str(DATA_DIR / "eval_sentences.txt"))
+    assert bundled_eval_sentences(str(DATA_DIR / ".." / "negverse" / "eval_sentences.txt"))
+    assert not bundled_eval_sentences(str(fresh))

@@ -28,6 +28,29 @@ import time
 from pathlib import Path
 
 
+# the bundled judged files whose items shaped the filter's checks (i2d2/data/negverse/judged/README.md): the filter
+# scored on them is read on rows it was written from, not measured
+SHAPED_THE_FILTER = ("grammar_filter_outputs.jsonl", "fresh_outputs.jsonl", "fresh_outputs.second_pass.jsonl")
+SHAPED_NOTE = ("these judged outputs shaped the filter's checks (i2d2/data/negverse/judged/README.md): the shares "
+               "below describe the filter on rows it was written from, they do not measure it; score a fresh set")
+
+
+def shaped_the_filter(path: Path) -> bool:
+    """``path`` holds the bytes of a bundled judged file that shaped the filter (a copy elsewhere too)."""
+    from i2d2.negverse.data import DATA_DIR
+
+    data = Path(path).read_bytes()
+    return any((DATA_DIR / "judged" / name).read_bytes() == data for name in SHAPED_THE_FILTER)
+
+
+def bundled_eval_sentences(path) -> bool:
+    """``data.eval_sentences`` (null or a path) is the bundled eval_sentences.txt, however it is given: the warning
+    that its keep rates measure nothing was skipped when the bundled file was named by its path."""
+    from i2d2.negverse.data import DATA_DIR, resolve
+
+    return resolve(path, "eval_sentences.txt").resolve() == (DATA_DIR / "eval_sentences.txt").resolve()
+
+
 def judge_rows(rows: list[dict], n: int, prefix: str, seed: int = 0) -> list[dict]:
     """A seeded sample of ``n`` kept rows as {"id", "statement", "source"} records."""
     picked = random.Random(seed).sample(rows, min(n, len(rows)))
@@ -64,7 +87,9 @@ def score_judged(path: Path, nlp, detector) -> dict:
             "ungrammatical_recall": count(dropped, "ungrammatical") / count(rows, "ungrammatical")
             if count(rows, "ungrammatical") else None,
             "drop_precision": count(dropped, "ungrammatical") / len(dropped) if dropped else None,
-            "drop_reasons": reasons}
+            "drop_reasons": reasons,
+            **({"shaped_the_filter": True, "note": SHAPED_NOTE} if shaped_the_filter(path) else
+               {"shaped_the_filter": False})}
 
 
 def main(argv=None) -> int:
@@ -96,12 +121,15 @@ def main(argv=None) -> int:
     t = cfg.task
     if args.judged is not None:
         nlp = load_spacy(t.spacy)
-        print(json.dumps(score_judged(args.judged, nlp, CueDetector(nlp, lexicon=t.cue_lexicon)), indent=1))
+        scored = score_judged(args.judged, nlp, CueDetector(nlp, lexicon=t.cue_lexicon))
+        if scored["shaped_the_filter"]:
+            print(f"warning: {args.judged}: {SHAPED_NOTE}", file=sys.stderr)
+        print(json.dumps(scored, indent=1))
         return 0
     gen = OmegaConf.to_container(t.generate, resolve=True)
     filt = OmegaConf.to_container(t.filters, resolve=True)
     sentences = read_sentences(resolve(cfg.data.eval_sentences, "eval_sentences.txt"))[: args.max_sentences]
-    if not cfg.data.eval_sentences:  # the keep rates would read as a measurement of the filter on unseen outputs
+    if bundled_eval_sentences(cfg.data.eval_sentences):  # the keep rates would read as a measurement of the filter
         print("warning: the bundled eval_sentences.txt shaped the grammar and degenerate filters (their checks were "
               "in part written from its outputs): these keep rates measure nothing; pass data.eval_sentences=<file> "
               "with sentences no check was written from", file=sys.stderr)
