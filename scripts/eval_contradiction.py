@@ -30,6 +30,16 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT / "i2d2" / "data" / "comparatives"
 JUDGED = DATA / "contradiction_pairs.jsonl"
 LABELS = ("contradiction", "entailment", "neutral", "dont_know")
+# the first judged set chose the lexicon rule's attributive reading (i2d2/data/comparatives/README.md): its rows for
+# that rule describe it on the pairs it was fixed from; contradiction_pairs_2.jsonl chose nothing
+CHOSE_THE_RULE_NOTE = ("these judged pairs chose the lexicon rule's reading (contradiction_pairs.jsonl, "
+                       "i2d2/data/comparatives/README.md): its 'lexicon_rule (offline)' row is no measurement; "
+                       "score contradiction_pairs_2.jsonl, which chose nothing")
+
+
+def chose_the_rule(path: Path) -> bool:
+    """``path`` holds the bytes of the judged set the lexicon rule was fixed from (a copy elsewhere too)."""
+    return JUDGED.exists() and Path(path).read_bytes() == JUDGED.read_bytes()
 
 
 def sample_pairs(n_per_stratum: int = 150, seed: int = 16, exclude: Path | None = None, prefix: str = "p") -> list[dict]:
@@ -168,6 +178,10 @@ def main(argv=None) -> int:
     if not args.judged.exists():
         raise SystemExit(f"{args.judged}: no judged pairs (run 'join' first)")
     out = evaluate(read_jsonl(args.judged), {"name": args.cross_encoder_name, "dir": args.cross_encoder_dir})
+    out = {**out, "judged": str(args.judged), "chose_the_rule": chose_the_rule(args.judged)}
+    if out["chose_the_rule"]:
+        out["note"] = CHOSE_THE_RULE_NOTE
+        print(f"warning: {args.judged}: {CHOSE_THE_RULE_NOTE}", file=sys.stderr)
     print(f"{out['n_scored']} pairs scored ({out['label_counts']}); cross-encoder AP "
           f"{_fmt(out['cross_encoder_average_precision'])}")
     print(f"{'scorer':34s} {'P':>6s} {'R':>6s} {'F1':>6s} {'#pred':>6s}")

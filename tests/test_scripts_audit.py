@@ -326,6 +326,26 @@ def test_eval_contradiction_writes_its_metrics_atomically(tmp_path, scripts, mon
     assert out.read_text() == "old"
 
 
+def test_eval_contradiction_flags_the_judged_set_that_chose_the_rule(tmp_path, scripts, monkeypatch, capsys):
+    """eval's default judged file is the set the lexicon rule's reading was fixed from: its 'offline' precision and
+    recall came out as on the fresh set, with no word that the rows chose the rule."""
+    import shutil
+
+    import eval_contradiction
+
+    metrics = {"n_judged": 1, "n_scored": 1, "label_counts": {}, "cross_encoder_average_precision": None,
+               "results": {}}
+    monkeypatch.setattr(eval_contradiction, "evaluate", lambda judged, ce_cfg: metrics)  # no cross-encoder fit here
+    copy = shutil.copy(eval_contradiction.JUDGED, tmp_path / "copy.jsonl")
+    for judged, chose in ((eval_contradiction.JUDGED, True), (copy, True),
+                          (eval_contradiction.DATA / "contradiction_pairs_2.jsonl", False)):
+        out = tmp_path / "metrics.json"
+        eval_contradiction.main(["eval", "--judged", str(judged), "--out", str(out)])
+        got = json.loads(out.read_text())
+        assert got["chose_the_rule"] is chose and ("no measurement" in got.get("note", "")) is chose, judged
+        assert ("no measurement" in capsys.readouterr().err) is chose
+
+
 def _critic_script_on_tiny_gemma(monkeypatch, rows, texts, ys, splits):
     """A critic experiment script's inputs: these labelled rows for the default critic's split, and the tiny Gemma
     (a window wide enough for any context, the probe read at its layer 1 of 2) for its LM."""
