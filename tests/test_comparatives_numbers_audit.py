@@ -165,6 +165,7 @@ def test_each_cut_precision_comes_with_its_recall_and_fraction_on_test(tmp_path,
         "nc_xl": (0.5, 1.0, 1.0), "nc_l": (0.4, 0.4, 0.5), "nc_s": (0.5, 0.2, 0.2)}
     assert all(logged[f"critic/test_recall_{n}"] == c["recall"] for n, c in cuts.items())
     assert "test" in out["critic"]["sources"]["cuts_test"] and "fraction" in out["critic"]["sources"]["cuts_test"]
+    assert "never applied" in out["critic"]["sources"]["delta (here)"]  # the critic's δ cut is not a cut of this task
     md = "\n".join(_discriminator_lines(out["critic"]))
     assert ("| precision of the nc_s cut on test, its best-scored 20 % of them (kept; recall; 95 % interval) "
             "| 0.500 (2; recall 0.200; ") in md

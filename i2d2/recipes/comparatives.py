@@ -521,9 +521,11 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
         tracker.log_metrics({f"critic/test_at_run_threshold_{k}_{name}": c["at_run_threshold"][k]
                              for name, c in cut_test.items() if c["at_run_threshold"]
                              for k in ("precision", "n_kept", "recall") if c["at_run_threshold"][k] is not None})
-    # which data each number comes from, as the critic records it (p_at_r picks its cut on the test rows it scores;
-    # delta / precision / recall are the critic's δ cut, chosen on dev, which this task's fractional cuts never use)
+    # which data each number comes from, as the critic records it (p_at_r picks its cut on the test rows it scores)
     sources = {**(critic.get("sources") or {}),
+               # δ is the generics filter's cut: read beside the cuts, its precision looked like the discriminator's
+               "delta (here)": "chosen on dev for critic.target_precision, never applied: this task keeps fractions "
+                               "(cuts); precision / recall / n_kept_test are that unused cut's, on test",
                "cuts_test": "test: each cut's fraction of the test statements, best scored first (the cut's share, "
                             "not the score it stops at on this run's statements); recall over the test's valid ones",
                "cuts_test.*.at_run_threshold": "test: the test statements scoring at least the lowest score the cut "
