@@ -474,6 +474,22 @@ class NeuroLogicDecoder:
             best = torch.maximum(best, torch.where(unsat, frac, 0.0).max(-1).values)
         return best
 
+    @staticmethod
+    def _keeps_order(cp: Compiled, lt, st: _State, pend_word, last_word):
+        """[N, Lp] whether proposing a literal's current word can keep the clause order.  A word that completes its
+        literal, after a pending word that completes none, ranks the literal's clause next (rctr + 1): that breaks
+        the order irreversibly where the clause's positions forbid that rank, where another unsatisfied clause needs
+        a rank up to it, or where the clause was already ranked (at a forbidden rank: it is not satisfied).  Such
+        proposals only took lookahead slots, ranked by log-prob, from the word that keeps the order.  Elsewhere
+        (a phrase's earlier words, a pending literal word that may take the rank first) nothing is ruled out."""
+        N, Cl = st.crank.shape
+        r = (st.rctr + 1).clamp(max=Cl)
+        rank_ok = lt["cl_rank_ok"][:, 0].gather(2, r[:, None, None].expand(N, Cl, 1)).squeeze(2)  # [N, Cl]
+        blocking = (lt["cl_ordered_pos"][:, 0] & ~st.sat & (lt["cl_maxpos"][:, 0] <= r[:, None])).long()
+        free = rank_ok & (st.crank == 0) & (blocking.sum(-1, keepdim=True) == blocking)  # none but itself blocks
+        ok = free.gather(1, lt["pos_clause2"]) | (pend_word >= 0)
+        return ok if last_word is None else ok | ~last_word
+
     def _lookahead(self, cp: Compiled, lt, st: _State, lp, A: int, thresh, prev):
         """Constraint tokens proposed beside the LM's top tokens: [N, A] tokens and whether each is real.
         ``prev`` [N]: each hypothesis's last token (-1 before the first)."""
@@ -485,6 +501,7 @@ class NeuroLogicDecoder:
             # valid & ~(satisfied | done), as one comparison of booleans (False < True)
             need = (st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) | pend_done) < lt["pos_valid2"]
             unsat, under_way = need, None  # no literal is under way at a word boundary
+            last_word = None  # the current word of every literal is its last
         else:
             ph = lt["pos_ph2"]
             if cp.Lph:
@@ -503,6 +520,7 @@ class NeuroLogicDecoder:
             unsat = ~st.sat.gather(1, lt["pos_clause2"].expand(N, cp.Lp)) & lt["pos_valid2"] & live
             need = unsat & ~pend_done
             under_way = prog > 0
+            last_word = prog == lt["pos_len2"] - 1
             start0 = start[:, 0].clamp(min=0)
             if cp.has_resume:
                 resume = _take(lt["path_resume"], vidx)
@@ -523,6 +541,8 @@ class NeuroLogicDecoder:
             start_ok = unsat & (lt["pos_static2"] | promoted)
         else:
             start_ok = unsat
+        if cp.has_order:
+            start_ok = start_ok & self._keeps_order(cp, lt, st, pend_word, last_word)
         # masks stay per literal [N, Lp] as long as they can; per variant they are [N, 2, Lp], variant-major: an
         # elementwise op that broadcasts over a last dimension of 2 costs ~10x more on a CPU than over Lp
         started_start = None if under_way is None else start_ok & under_way
