@@ -8,7 +8,8 @@ from .neurologic import DecodingConfig, Generation, NeuroLogicDecoder
 # (sequences, scores or ``matched``: revision 2 names the first-completed literal of a clause), so that shards
 # an older decoder wrote are decoded again on resume rather than mixed with new ones. Revision 3: on a CPU with a
 # small vocabulary the prune threshold is selected alone, so exactly tied log-probs may order differently.
-# Revision 4: under ordered clauses (positions) the lookahead no longer proposes words that would break the order.
+# Revision 4: the lookahead no longer proposes words that would break the clause order (positions), a one-literal
+# negative clause or a count limit.
 OUTPUT_REVISION = 4
 
 __all__ = ["Literal", "Clause", "CountConstraint", "DynamicClause", "ConstraintSet", "DecodingConfig",

@@ -75,6 +75,8 @@ class Compiled:
     ph_track_occ: bool  # some phrase is a literal of a clause (positive or negative): the decoder keeps occurrences
     neg_total: torch.Tensor  # [B, Cl]
     has_neg: bool  # some clause has a negative literal (else neg_total is all zero)
+    # some single word is forbidden outright (the one literal of a negative clause) or counted in a group
+    has_word_limits: bool
     grp_max: torch.Tensor  # [B, G]
     cl_valid: torch.Tensor  # [B, Cl]
     cl_has_pos: torch.Tensor
@@ -614,6 +616,8 @@ def compile_batch(css: list[ConstraintSet], tables: TokenTables, tok, device, ca
         ph_cl_neg=dv(ph_cl_neg),
         ph_has_neg=bool(ph_cl_neg.any()), ph_has_grp=bool(ph_grp.any()),
         ph_track_occ=bool(ph_cl_neg.any() or ph_cl_pos.any()), neg_total=dv(neg_total), has_neg=bool(neg_total.any()),
+        has_word_limits=bool(((wtab[..., Cl:2 * Cl] > 0) & (cl_valid & ~cl_has_pos)[:, None, :]).any()
+                             or (wtab[..., 2 * Cl:] > 0).any()),
         grp_max=dv(grp_max),
         cl_valid=dv(cl_valid), cl_has_pos=dv(cl_has_pos), cl_posmask=dv(cl_posmask), cl_maxpos=dv(cl_maxpos),
         cl_weight=dv(cl_weight), has_order=bool((cl_posmask != 0).any() or (cl_maxpos > 0).any()),

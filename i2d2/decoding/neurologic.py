@@ -543,6 +543,15 @@ class NeuroLogicDecoder:
             start_ok = unsat
         if cp.has_order:
             start_ok = start_ok & self._keeps_order(cp, lt, st, pend_word, last_word)
+        if lt["word_forbidden"] is not None:  # a word that breaks a negative-only clause or a count limit once
+            # complete (a literal of an OR may be forbidden elsewhere): proposing it only takes a lookahead slot
+            if lt["single_words"] is not None:  # each literal's word is fixed
+                forbidden, groups = lt["lit_forbidden"], lt["lit_groups"]
+            else:
+                idx = words + lt["rowoff"]
+                forbidden, groups = _take(lt["word_forbidden"], idx), _take(lt["word_groups"], idx)
+            full = st.gcnt >= lt["grp_max"][:, 0]  # [N, G] groups at their limit
+            start_ok = start_ok & ~(forbidden | (groups & full[:, None, :]).any(-1))
         # masks stay per literal [N, Lp] as long as they can; per variant they are [N, 2, Lp], variant-major: an
         # elementwise op that broadcasts over a last dimension of 2 costs ~10x more on a CPU than over Lp
         started_start = None if under_way is None else start_ok & under_way
@@ -642,6 +651,16 @@ class NeuroLogicDecoder:
             start = _take(lt["path_first"], vidx)
             lt["single_words"] = (raw, words, start, start[:, 0].clamp(min=0), resume,
                                   torch.where(resume >= 0, start, -2))
+        lt["word_forbidden"] = None
+        if cp.has_positive and cp.has_word_limits:
+            # per (prompt, word): completing the word breaks a one-literal negative clause; the count groups it is in
+            neg_only = cp.cl_valid & ~cp.cl_has_pos
+            forbidden = ((cp.wtab[..., Cl:2 * Cl] > 0) & neg_only[:, None, :]).any(-1).reshape(-1)
+            groups = (cp.wtab[..., 2 * Cl:] > 0).reshape(B * cp.Wc1, cp.G)
+            lt["word_forbidden"], lt["word_groups"] = forbidden, groups
+            if lt["single_words"] is not None:
+                idx = lt["single_words"][1] + lt["rowoff"]
+                lt["lit_forbidden"], lt["lit_groups"] = _take(forbidden, idx), _take(groups, idx)
         has_positive = cp.has_positive
         z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=d)  # noqa: E731
         ph_start = rep * 2 * cp.ph_S  # each prompt's automaton root
