@@ -1,0 +1,136 @@
+"""The decoder's constraint state against a brute-force reference on the decoded text.
+
+A forward hook forces each prompt's continuation to a random token sequence (one finite logit per step), so the
+decoder returns exactly that text with its own ``satisfied`` / ``all_satisfied`` / ``matched``; the reference
+recomputes them by splitting the text into words and matching phrases, ranks and counts with plain list logic.
+Tokens include multi-word ones (" car park,", ".The"), so several words complete in one step, and an "é" spelled
+by two byte tokens.  A lone byte of an unfinished character is left out: the decoded text shows U+FFFD there (a
+separator to the reference) while the decoder keeps the byte inside its word, a known gap.
+"""
+
+import random
+
+import torch
+
+from i2d2.decoding import (Clause, ConstraintError, ConstraintSet, CountConstraint, DecodingConfig, DynamicClause,
+                           Literal, NeuroLogicDecoder)
+from i2d2.decoding.constraints import canonical_word, split_words, validate
+from i2d2.models import tiny_model
+
+WORDS = ["the", "car", "cars", "park", "so", "dog", "hot", "ha", "a", "s", ".", ",", "2", "_", "The", "café"]
+ADDED = [" car park,", ".The", ", the", " so so", "s.", " hot dog", "dog.", " the car", "ha ha", "2,", " ha", " park",
+         "park", " dog", "dog", " hot", "hot"]
+BASE = ["_", "Ċ", "Ġthe", "The", "Ġcar", "Ġcars", "s", "Ġa", "a", ".", ",", "Ġ", "Ġso", "Ġha", "car"]
+
+
+def _words(text):
+    return tuple(canonical_word(w) for w in split_words(text))
+
+
+def _ends(ws, ph):
+    n = len(ph)
+    return [k + n - 1 for k in range(len(ws) - n + 1) if ws[k:k + n] == ph]
+
+
+def reference(text, cs):
+    """(satisfied per clause then dynamic clause, all satisfied, matched) of ``text`` by the documented semantics."""
+    ws = _words(text)
+    allc = [(c.literals, c.positions) for c in cs.clauses]
+    allc += [([Literal(w) for w in d.words], d.positions) for d in cs.dynamic]
+    first = []  # word index where a positive literal of the clause first ends
+    for lits, _ in allc:
+        ends = [e for li in lits if li.positive for e in _ends(ws, _words(li.text))[:1]]
+        first.append(min(ends) if ends else None)
+    order = sorted((i for i in range(len(allc)) if first[i] is not None), key=lambda i: (first[i], i))
+    rank = {i: r + 1 for r, i in enumerate(order)}
+    sat, matched = [], []
+    for i, (lits, positions) in enumerate(allc):
+        pos_ok = first[i] is not None and (not positions or rank[i] in positions)
+        absent = [li.text for li in lits if not li.positive and not _ends(ws, _words(li.text))]
+        sat.append(pos_ok or bool(absent))
+        if pos_ok:  # at the first end: a one-word literal (the first listed), else the last listed phrase
+            there = [li for li in lits if li.positive and first[i] in _ends(ws, _words(li.text))]
+            single = [li for li in there if len(_words(li.text)) == 1]
+            matched.append(single[0].text if single else there[-1].text)
+        else:
+            matched.append(f"NOT {absent[0]}" if absent else None)
+    counts_ok = all(sum(len(_ends(ws, k)) for k in dict.fromkeys(_words(w) for w in g.words)) <= g.max_count
+                    for g in cs.counts)
+    return sat, all(sat) and counts_ok, matched
+
+
+def _random_set(rng):
+    def text():
+        return " ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 1, 1, 2, 2, 3])))
+
+    clauses = [Clause([Literal(text(), rng.random() < 0.7) for _ in range(rng.randint(1, 3))],
+                      sorted(rng.sample(range(1, 4), rng.randint(1, 2))) if rng.random() < 0.3 else None)
+               for _ in range(rng.randint(0, 3))]
+    counts = [CountConstraint([text() for _ in range(rng.randint(1, 2))], rng.randint(0, 2))
+              for _ in range(rng.randint(0, 2))]
+    dynamic = [DynamicClause([text() for _ in range(rng.randint(1, 3))], rng.randint(1, 3),
+                             [rng.randint(1, 3)] if rng.random() < 0.3 else None) for _ in range(rng.randint(0, 1))]
+    return ConstraintSet(clauses, counts, dynamic)
+
+
+def test_forced_texts_report_what_the_reference_computes():
+    model, tok = tiny_model("gpt2")
+    tok.add_tokens(ADDED)
+    model.resize_token_embeddings(len(tok))
+    units = [[i] for i in sorted(set(tok.convert_tokens_to_ids(BASE + ADDED)) - {tok.unk_token_id})]
+    units.append(tok.convert_tokens_to_ids(["Ã", "©"]))  # é as two byte tokens, always together
+    eos = tok.eos_token_id
+    forced = {}
+
+    def hook(mod, args, kwargs, out):
+        ids = kwargs["input_ids"]
+        step = forced["step"] = 0 if ids.shape[1] > 1 or forced.get("step") is None else forced["step"] + 1
+        logits = torch.full((ids.shape[0], ids.shape[1], out.logits.shape[-1]), float("-inf"))
+        for r, seq in enumerate(forced["seqs"]):
+            logits[r, -1, seq[step] if step < len(seq) else eos] = 0.0
+        out.logits = logits
+        return out
+
+    h = model.register_forward_hook(hook, with_kwargs=True)
+    rng = random.Random(0)
+    B, checked = 4, 0
+    try:
+        for _ in range(30):
+            L = rng.randint(1, 6)
+            seqs, sets = [], []
+            while len(seqs) < B:
+                cs = _random_set(rng)
+                try:
+                    validate(cs, lambda t: tok.encode(t, add_special_tokens=False))
+                except ConstraintError:
+                    continue
+                ends_eos = rng.random() < 0.3
+                seq = []
+                while len(seq) < L - ends_eos:
+                    u = rng.choice(units)
+                    seq += u if len(seq) + len(u) <= L - ends_eos else []
+                if ends_eos:
+                    seq.append(eos)
+                    p = rng.randrange(len(seq))
+                    if p < len(seq) - 1 and rng.random() < 0.5 and seq[p] != units[-1][1]:  # EOS mid-text, then filler
+                        seq[p] = eos  # (never after the first byte of é, which would leave it alone)
+                seqs.append(seq)
+                sets.append(cs)
+            forced["seqs"], forced["step"] = seqs, None
+            cfg = DecodingConfig(beam_size=1, num_return=1, max_new_tokens=L, min_new_tokens=0, prune_factor=50,
+                                 sat_tolerance=3, block_eos_until_satisfied=False, early_stopping=False, batch_size=B)
+            out = NeuroLogicDecoder(model, tok, cfg).decode([rng.choice(["People say", "A", "x y z w"])
+                                                             for _ in range(B)], sets)
+            for seq, cs, gens in zip(seqs, sets, out):
+                text = tok.decode(seq[:seq.index(eos)] if eos in seq else seq, skip_special_tokens=True)
+                sat, all_sat, matched = reference(text, cs)
+                if not gens:  # a text that breaks a clause for good is not kept when it ends with EOS mid-way
+                    assert not all_sat, (text, cs)
+                    continue
+                g = gens[0]
+                assert g.text == text.strip(), (g.text, text)
+                assert (g.satisfied, g.all_satisfied, g.matched) == (sat, all_sat, matched), (text, cs, g)
+                checked += 1
+    finally:
+        h.remove()
+    assert checked > 90
