@@ -20,8 +20,8 @@ _ROW = {"Ġa": 3.0, "Ġare": 2.5, "Ġso": 2.5, "Ġis": 2.5, "Ġthan": 1.0, "Ġmo
 
 @pytest.mark.parametrize("cs, first", [
     # "than" / "more" first would rank their clause 1st: its positions say 2nd
-    (ConstraintSet([Clause([Literal("the")], positions=[1]), Clause([Literal("than"), Literal("more")], positions=[2])]),
-     "the"),
+    (ConstraintSet([Clause([Literal("the")], positions=[1]),
+                    Clause([Literal("than"), Literal("more")], positions=[2])]), "the"),
     # "than" or "more" first would take rank 1, which "car" needs
     (ConstraintSet([Clause([Literal("car")], positions=[1]), Clause([Literal("than")]), Clause([Literal("more")])]),
      "car"),
