@@ -92,6 +92,8 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     # per-stage counts also in the tracker's CSV metrics
     logged = "".join(p.read_text() for p in Path(tmp_path).rglob("metrics.csv"))
     assert "filter/dedup/in" in logged and "filter/contradiction/out" in logged
+    # the discriminator logs its wall time like the other filter stages
+    assert "filter/discriminator/seconds" in logged and counts["discriminator"]["seconds"] >= 0
 
     # a second run finds every stage finished and redoes none of them
     def stage_files():

@@ -214,6 +214,7 @@ ALIASES = {
     "comparatives": [("filter/dedup/out", "comparatives/counts/dedup/out"), ("critic/ap", "comparatives/critic/ap"),
                      ("filter/dedup/seconds", "comparatives/counts/dedup/seconds"),
                      ("filter/contradiction/seconds", "comparatives/counts/contradiction/seconds"),
+                     ("filter/discriminator/seconds", "comparatives/counts/discriminator/seconds"),
                      ("critic/test_precision_nc_l", "comparatives/critic/cuts_test/nc_l/precision"),
                      ("qa/accuracy", "comparatives/comparative_qa/accuracy"),
                      ("qa_benchmark/accuracy", "comparatives/comparative_qa_benchmark/accuracy"),

@@ -488,6 +488,7 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
 
     def body(d: Path):
         df = _df(in_path)
+        t0 = time.time()
         scores = score_texts(critic_model, df["statement"].tolist(), batch_size=int(dcfg.batch_size),
                              device=resolve_device(cfg.trainer)) \
             if len(df) else np.zeros(0)
@@ -495,7 +496,8 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
         for name, part in cuts.items():
             _write_df(d / f"{name}.jsonl", part)
         return {"in": int(len(df)), **{name: int(len(part)) for name, part in cuts.items()},
-                "out": int(min(len(p) for p in cuts.values())) if cuts else 0}
+                "out": int(min(len(p) for p in cuts.values())) if cuts else 0,
+                "seconds": round(time.time() - t0, 2)}  # logged as filter/discriminator/seconds, like the others
 
     summary = run_stage(out_dir, fingerprint(in_path, critic_model, named("discriminator config", _plain(dcfg))), body,
                         name="filter/discriminator")
