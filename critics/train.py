@@ -377,7 +377,8 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
         log_critic_metrics(tracker, summary)
         tracker.log_image("critic/pr_curve", out_dir / "pr_curve.png")
         tracker.log_image("critic/score_histogram", out_dir / "score_histogram.png")
-        tracker.log_table("critic/test_scores", list(test_rows[0]), [list(r.values()) for r in test_rows])
+        tracker.log_table("critic/test_scores", list(test_rows[0]), [list(r.values()) for r in test_rows],
+                          out_dir)
     below_floor = floor_warning(ap, summary["surface_ap"])
     if below_floor:
         log.warning("!!! CRITIC BELOW THE SURFACE FLOOR: %s. See %s.", below_floor, out_dir / "metrics.json")

@@ -251,7 +251,7 @@ def generate_stage(model, tokenizer, prompts_path: Path, out_dir: Path, decoding
             tracker.log_metrics({f"generation/{k}": summary[k] for k in (
                 "n_prompts", "n_generations", "constraint_satisfaction_rate", "prompts_per_s")})
             cols = ["prompt_id", "prompt", "generation", "score", "all_satisfied", "concept"]
-            tracker.log_table("generation/samples", cols, [[r.get(c) for c in cols] for r in samples])
+            tracker.log_table("generation/samples", cols, [[r.get(c) for c in cols] for r in samples], out_dir)
     return summary
 
 

@@ -552,5 +552,5 @@ def build_generic_prompts(cfg_data, model, tokenizer, out_path: Path, tracker=No
         step = max(1, len(rows) // 20)
         tracker.log_table("prompts/samples", ["prompt_id", "prompt", "concept", "kind", "related", "perplexity"],
                           [[r["prompt_id"], r["prompt"], r["concept"], r["kind"], r["related"], r["perplexity"]]
-                           for r in rows[::step][:20]])
+                           for r in rows[::step][:20]], out_path.parent)
     return summary

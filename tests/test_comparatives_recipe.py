@@ -94,6 +94,19 @@ def test_recipe_end_to_end_with_tiny_models(tmp_path):
     assert "filter/dedup/in" in logged and "filter/contradiction/out" in logged
     # the discriminator logs its wall time like the other filter stages
     assert "filter/discriminator/seconds" in logged and counts["discriminator"]["seconds"] >= 0
+    # W&B off: each stage's table is in its folder, among its _DONE outputs; the report's beside report.md; none at
+    # the top of run_dir (outside any stage's record)
+    assert not list(Path(tmp_path).glob("*.csv"))
+    tables = {"prompts": "prompts_pairs.csv", "generations": "generation_samples.csv",
+              "critic": "critic_test_scores.csv"}
+    for stage, table in tables.items():
+        assert table in json.loads((it / stage / "_DONE.json").read_text())["outputs"], stage
+    assert {f"comparatives_{t}.csv" for t in ("stage_counts", "passes", "samples")} <= {p.name for p in it.glob("*.csv")}
+    # a stage finished before its table moved into its folder (none recorded there) is still reused
+    done = json.loads((it / "prompts" / "_DONE.json").read_text())
+    (it / "prompts" / "prompts_pairs.csv").unlink()
+    del done["outputs"]["prompts_pairs.csv"]
+    (it / "prompts" / "_DONE.json").write_text(json.dumps(done))
 
     # a second run finds every stage finished and redoes none of them
     def stage_files():

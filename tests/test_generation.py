@@ -51,8 +51,8 @@ class RecordingTracker:
     def log_metrics(self, metrics, step=None):
         self.metrics.update(metrics)
 
-    def log_table(self, key, columns, rows):
-        self.tables[key] = (columns, rows)
+    def log_table(self, key, columns, rows, out_dir=None):
+        self.tables[key] = (columns, rows, out_dir)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,9 @@ def test_generation_rows_union_and_summary(reference, prompts_file):
     assert summary["constraint_satisfaction_rate"] == pytest.approx(sum(r["all_satisfied"] for r in rows) / len(rows))
     assert summary["prompts_per_s"] > 0 and summary["shards_decoded"] == 4
     assert tracker.metrics["generation/n_generations"] == len(rows)
-    cols, table = tracker.tables["generation/samples"]
+    cols, table, folder = tracker.tables["generation/samples"]
     assert "generation" in cols and 1 <= len(table) <= 20
+    assert folder == out  # W&B off: the stage's own folder, among its outputs
     assert not list(out.glob(".*tmp"))
 
 

@@ -317,7 +317,7 @@ def build_prompts(cfg, model, tok, out_dir: Path, tracker=None) -> dict:
     if tracker is not None:
         tracker.log_metrics({f"prompts/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         cols = ["pair_id", "class", "prompt", "perplexity", "kept"]
-        tracker.log_table("prompts/pairs", cols, scored[cols].head(50).values.tolist())
+        tracker.log_table("prompts/pairs", cols, scored[cols].head(50).values.tolist(), out_dir)
     return summary
 
 
@@ -678,11 +678,12 @@ def run_iteration(cfg, k: int, tracker) -> dict:
     metrics["qa_source"] = qa_src
     write_json(it / "metrics.json", metrics)
     if tracker is not None:  # the sets' metrics reach the loggers with the report, as comparatives/<set>/*
+        # W&B off: the report's tables beside report.md in iter_k/ (each stage's own tables are in its folder)
         tracker.log_table("comparatives/stage_counts", ["stage", "in", "out"],
-                          [[s, c.get("in"), c.get("out")] for s, c in counts.items()])
+                          [[s, c.get("in"), c.get("out")] for s, c in counts.items()], it)
         if metrics["passes"]:
             tracker.log_table("comparatives/passes", list(metrics["passes"][0]),
-                              [list(r.values()) for r in metrics["passes"]])
+                              [list(r.values()) for r in metrics["passes"]], it)
 
     # ---- ComparativeQA export (App. E.2) from the chosen set
     log.info("ComparativeQA from %s (%d statements)", qa_src, len(sets[qa_src]))
@@ -727,7 +728,7 @@ def run_iteration(cfg, k: int, tracker) -> dict:
         best = sets[qa_src].sort_values(["pair_id", "score"], ascending=[True, False])
         samples = best[cols].head(int(task.samples))
     if tracker is not None and len(samples):
-        tracker.log_table("comparatives/samples", cols, samples.values.tolist())
+        tracker.log_table("comparatives/samples", cols, samples.values.tolist(), it)
     # what the stages logged under their own names (filter/<stage>/*, critic/*, qa/*, qa_benchmark/*) is not logged
     # again under comparatives/
     publish_report(it, metrics, _report(k, prompts, counts, metrics, samples, qa[:5]), tracker, prefix="comparatives",
@@ -917,6 +918,7 @@ def _fraction_text(cut: dict) -> str:
 def run(cfg) -> dict:
     from i2d2.tracking import tracked_run
 
-    with tracked_run(cfg, Path(cfg.run_dir)) as tracker:
+    # no folder for tables without one: each table names its stage's (at the top of run_dir none was recorded)
+    with tracked_run(cfg, None) as tracker:
         return {k: run_iteration(cfg, k, tracker)
                 for k in range(int(cfg.iteration), int(cfg.iteration) + int(cfg.num_iterations))}
