@@ -79,6 +79,17 @@ def launch_dir(run_dir, name: str) -> str:
     return str(path)
 
 
+def run_dir_key(*, _root_) -> str:
+    """``run_dir`` for the hydra node's folders (conf/train.yaml). A run or a multirun resolves them in the whole
+    config; ``--cfg hydra --resolve`` resolves the hydra node with every other key deleted (``${run_dir}``: "key
+    'run_dir' not found"), but Hydra set HydraConfig first, and its hydra node keeps the whole config as parent."""
+    if "run_dir" in _root_:
+        return _root_.run_dir
+    from hydra.core.hydra_config import HydraConfig
+
+    return OmegaConf.select(HydraConfig.get(), "..run_dir", throw_on_missing=True)
+
+
 # conf/ folders that Hydra sees as config groups but a user does not pick, left out of --help's group listing: data
 # files the code reads itself (negverse/cues.yaml, wordlists/comparatives.yaml) and the task shares experiment=smoke
 # composes (experiment/smoke/<task>, refused when chosen alone: i2d2.train.check_preset_overrides)
@@ -100,7 +111,7 @@ def help_config_groups() -> str:
 
 def register_resolvers() -> None:
     for name, fn in {"i2d2.conf_path": conf_path, "i2d2.wandb_mode": wandb_mode,
-                     "i2d2.launch_dir": launch_dir, "i2d2.help_config_groups": help_config_groups}.items():
+                     "i2d2.launch_dir": launch_dir, "i2d2.run_dir": run_dir_key, "i2d2.help_config_groups": help_config_groups}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

@@ -86,6 +86,29 @@ def test_cli_prints_resolved_config_and_rejects_unknown_keys():
     assert bad.returncode != 0 and "itteration" in bad.stderr
 
 
+@pytest.mark.parametrize("module,launch", [("i2d2.train", "hydra/"), ("i2d2.generate", "hydra/generate-")])
+def test_cli_prints_the_resolved_hydra_config(tmp_path, module, launch):
+    # it failed with "Interpolation key 'run_dir' not found": --cfg hydra resolves the hydra node with every other
+    # key deleted, and hydra.run.dir / hydra.sweep.dir named ${run_dir}
+    run = tmp_path / "run"
+    ok = subprocess.run([sys.executable, "-m", module, "--cfg", "hydra", "--resolve", f"run_dir={run}"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert f"dir: {run}/{launch}" in ok.stdout and f"dir: {run}/multirun/" in ok.stdout
+    default = subprocess.run([sys.executable, "-m", module, "--cfg", "hydra", "--resolve", "task=cmp"],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert default.returncode == 0 and f"dir: runs/cmp/{launch}" in default.stdout, default.stderr
+    assert not run.exists() and not (tmp_path / "runs").exists()  # printing makes no folder
+
+
+def test_a_run_keeps_its_hydra_folders_under_run_dir(tmp_path):
+    # resolved in the whole config (a run, a multirun's sweep folder): run_dir as the job config has it
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"run_dir={tmp_path}"], return_hydra_config=True)
+    assert Path(cfg.hydra.run.dir).parent == tmp_path / "hydra"
+    assert Path(cfg.hydra.sweep.dir).parent == tmp_path / "multirun"
+
+
 @pytest.mark.parametrize("fit", [False, True], ids=["outside a fit", "in a Lightning fit"])
 @pytest.mark.parametrize("sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
                          ids=["ctrl-c", "sigterm"])
