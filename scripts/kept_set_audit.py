@@ -153,11 +153,15 @@ def score(args) -> None:
         est_true_dropped += 0.0 if reason in NOT_LOST else est
         print(f"dropped for {reason}: true {_rate(sum(ys), len(ys))} of the sample; {total} dropped in all, "
               f"~{est:.1f} true")
-    unsampled = int(key[0].get("n_dropped", 0)) - sum(totals.values())
+    n_dropped = int(key[0].get("n_dropped", 0))
+    unsampled = n_dropped - sum(totals.values())
     if unsampled > 0:  # a reason too rare to be drawn: its statements are not in the recall below
         print(f"dropped for reasons the sample did not draw: {unsampled} (left out of the recall)")
     true_kept = sum(kept)
-    if true_kept + est_true_dropped > 0:
+    if n_dropped and not totals:  # no dropped row to estimate from: 1.000 would claim the filter lost nothing
+        print(f"filter recall (estimated): unknown (none of the {n_dropped} dropped statements was drawn; "
+              "export with --rejected > 0)")
+    elif true_kept + est_true_dropped > 0:
         print(f"filter recall (estimated): {true_kept / (true_kept + est_true_dropped):.3f} "
               f"({true_kept} true kept, ~{est_true_dropped:.1f} true dropped, duplicates of kept ones not counted)")
     # what the critic ranked: every row with a score. Only unfinished generations go unscored; the empty ones, unmet
@@ -185,9 +189,14 @@ def score(args) -> None:
     for path, other in zip(args.labels[1:], sets[1:]):
         both = [(valid[labels[i]], valid[other[i]]) for i in labels if valid[labels[i]] is not None
                 and valid[other[i]] is not None]
+        if not both:
+            print(f"agreement with {path}: nothing to compare (no item that both label other than dont_know)")
+            continue
         a, b = zip(*both)
         agree = np.mean([x == y for x, y in both])
-        print(f"agreement with {path}: {agree:.3f} on {len(both)} items, Cohen's kappa {cohen_kappa_score(a, b):.3f}")
+        # both labellers in one class: chance agreement is 1 and kappa 0/0 (sklearn's nan)
+        kappa = "undefined (one class)" if len(set(a) | set(b)) < 2 else f"{cohen_kappa_score(a, b):.3f}"
+        print(f"agreement with {path}: {agree:.3f} on {len(both)} items, Cohen's kappa {kappa}")
 
 
 def _concept_mean_scores(run_dir: Path, iteration: int) -> dict[str, float]:

@@ -219,3 +219,44 @@ def test_by_concept_names_the_concepts_with_no_true_kept_row_and_their_mean_scor
     audit.main(["score", "--key", str(tmp_path / "run" / "iter_0" / "audit" / "key.jsonl"),
                 "--labels", str(tmp_path / "done.csv"), "--by-concept"])
     assert "  b: 0 of 1\n" in capsys.readouterr().out  # without the run, no mean scores
+
+
+def _labelled(tmp_path, audit, rejected: int, label_of) -> tuple[Path, list[dict]]:
+    """The _run export with ``rejected`` dropped rows drawn, labelled by ``label_of(key row)`` into done.csv."""
+    run = _run(tmp_path)
+    blind = tmp_path / "blind.csv"
+    audit.main(["export", "--run-dir", str(run), "--rejected", str(rejected), "--out", str(blind)])
+    key = {r["item_id"]: r for r in read_jsonl(run / "iter_0" / "audit" / "key.jsonl")}
+    rows = list(csv.DictReader(blind.open()))
+    with (tmp_path / "done.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows([{**r, "label": label_of(key[r["item_id"]])} for r in rows])
+    return run, rows
+
+
+def test_agreement_with_nothing_to_compare_or_one_class_says_so(tmp_path, audit, capsys):
+    # a second labeller who answered dont_know everywhere crashed the agreement (zip of nothing); two who used one
+    # class printed "Cohen's kappa nan"
+    run, rows = _labelled(tmp_path, audit, 5, lambda r: "true")
+    with (tmp_path / "unsure.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["item_id", "statement", "label"])
+        w.writeheader()
+        w.writerows([{**r, "label": "dont_know"} for r in rows])
+    capsys.readouterr()
+    audit.main(["score", "--run-dir", str(run), "--labels", str(tmp_path / "done.csv"),
+                "--labels", str(tmp_path / "unsure.csv"), "--labels", str(tmp_path / "done.csv")])
+    out = capsys.readouterr().out
+    assert f"agreement with {tmp_path / 'unsure.csv'}: nothing to compare" in out
+    assert f"agreement with {tmp_path / 'done.csv'}: 1.000 on {len(rows)} items, Cohen's kappa undefined (one class)" \
+        in out and "nan" not in out
+
+
+def test_recall_is_unknown_when_no_dropped_statement_was_drawn(tmp_path, audit, capsys):
+    # with --rejected 0 it printed "filter recall (estimated): 1.000" below "the sample did not draw" every drop
+    run, _ = _labelled(tmp_path, audit, 0, lambda r: "true")
+    capsys.readouterr()
+    audit.main(["score", "--run-dir", str(run), "--labels", str(tmp_path / "done.csv")])
+    out = capsys.readouterr().out
+    assert "dropped for reasons the sample did not draw: 52" in out
+    assert "filter recall (estimated): unknown (none of the 52 dropped statements was drawn" in out
