@@ -19,9 +19,10 @@ _CLOSERS = "\"'”’)]"
 
 def ends_sentence(text: str) -> bool:
     """True when the text ends a sentence (. ! ? before optional closing quotes/brackets): a generation cut off by
-    max_new_tokens is not a statement."""
+    max_new_tokens is not a statement, nor one that trails off in an ellipsis ("Dogs are known to..." or "…", one
+    rule for both spellings; "..." passed only because it ends in a full stop)."""
     t = str(text).rstrip().rstrip(_CLOSERS)
-    return t.endswith((".", "!", "?"))
+    return t.endswith((".", "!", "?")) and not t.endswith(("..", "…"))
 
 
 def dedupe_key(text: str) -> str:

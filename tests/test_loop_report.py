@@ -183,3 +183,16 @@ def test_a_report_re_rendered_from_older_metrics_does_not_claim_the_kept_sample_
     assert "the kept sample's size" not in old and "| Self-BLEU of all generations (sample) | 0.900 |" in old
     new = render_markdown(dict(m, self_bleu_kept_n=4, self_bleu_all_n=4), {}, [m], None)
     assert "| Self-BLEU of all generations (a sample of 4, the kept sample's size) | 0.900 |" in new
+
+
+def test_an_ellipsis_is_no_sentence_end_in_either_spelling():
+    # "…" counted as unfinished while "..." passed (it ends in a full stop): a trailing ellipsis marks a cut-off
+    # thought (GUIDE.md: garbled), so both are unfinished, and neither is a sentence end to truncate at
+    from i2d2.filtering import ends_sentence
+
+    for ellipsis in ("...", "…"):
+        assert not ends_sentence(f"Dogs are known to{ellipsis}")
+        assert not ends_sentence(f"Dogs are known to{ellipsis}\u201d ")
+        assert truncate(f"loyal{ellipsis} and kind. More") == f"loyal{ellipsis} and kind."
+    assert ends_sentence("Dogs bark.") and ends_sentence("Do dogs bark?") and ends_sentence('He said "wait."')
+    assert ends_sentence("Made in the U.S.") and not ends_sentence("Dogs are")

@@ -55,11 +55,12 @@ log = logging.getLogger(__name__)
 FORK_STRATEGIES = ("ddp_fork", "ddp_notebook", "ddp_spawn")
 REFRESH = ("new_labels", "always", "never")
 SAMPLING = ("fixed", "fresh")
-FILTER_FORMAT = 7  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
+FILTER_FORMAT = 8  # 2: unfinished generations dropped before the critic, near-duplicates; 3: max_per_concept;
 # 4: kept/, dropped/, scores/ Arrow tables (kept.jsonl: export), read from generations/table; 5: near-duplicates
 # also by content words (filtering.content_key: word order, article, number, modal); lists repeating an item dropped;
 # 6: max_per_frame; 7: a list repeating its first item dropped ("cut wood, wood"), near-duplicate ratios cut exactly
-# (not rounded to integers first)
+# (not rounded to integers first); 8: a trailing ellipsis ("..." or "…") is unfinished, and "..." no sentence end
+# to truncate at
 # The output format version of each stage, part of its fingerprint: bump one when what the stage writes changes,
 # so that a run folder written by an older version redoes that stage instead of reading the old format.
 STAGE_FORMAT = {"prompt_scores": 1, "prompts": 1, "generation": 2, "critic": 1, "critic_scores": 1, "filter": FILTER_FORMAT, "heldout": 1,
@@ -638,7 +639,8 @@ def critic_stage(cfg, k: int, it_dir: Path, model_key: str, lm, tracker, ranks: 
     return stage(ranks, out, fp, fn, "critic", all_ranks=source is None)
 
 
-_SENTENCE_END = re.compile(r"[.!?](?=\s|$)")
+# not the last dot of an ellipsis ("loyal... and"): as "…", it does not end the sentence (filtering.ends_sentence)
+_SENTENCE_END = re.compile(r"(?<!\.)[.!?](?=\s|$)")
 
 
 def truncate(text: str, mode: str = "sentence") -> str:
