@@ -167,13 +167,19 @@ def grouped_split3(concepts: Sequence[str], labels: Sequence[int], dev_fraction:
 PAIR_SEPARATOR = "|"  # an entity pair's concept, "X | Y" (NeuroComparatives' pair_id)
 
 
+def concept_key(concept: str) -> str:
+    """A concept however it is spelled ("Dog", " dog"): what the splits group by, and what a lookup of a concept in
+    a split's concepts (split.json) must compare."""
+    return normalize_statement(concept)
+
+
 def split_groups(concepts: Sequence[str]) -> list[str]:
     """The group each concept is split by: the concept however it is spelled ("Dog" and "dog" are one), and every
     entity pair ("X | Y", NeuroComparatives' pair_id) joined with each pair or concept that shares an entity with it
     (connected components): "tulip | daffodil", "daffodil | tulip" (both made under ``data.both_orders``) and
     "daffodil | rose" are one group, so no test statement is about an entity the critic was trained on. A group takes
     the key of its first-seen concept: a set whose concepts share no entity keeps the keys, and so the splits, it had."""
-    keys = [normalize_statement(c) for c in concepts]
+    keys = [concept_key(c) for c in concepts]
     parts = [[p.strip() for p in k.split(PAIR_SEPARATOR)] if k.count(PAIR_SEPARATOR) == 1 else [k] for k in keys]
     parent: dict = {}
 

@@ -29,6 +29,18 @@ def test_human_eval_uses_labels_of_this_iterations_generations():
     assert human_eval(rows, {"other": 1}, 0.5) is None
 
 
+def test_human_eval_finds_a_test_concept_spelled_in_another_case():
+    # the split groups concepts with case folded ("Dog" and "dog" are one, both test): matching split.json's
+    # spelling exactly left the generations of " Dog" out of the critic's test-concept PR
+    from critics.data import split_groups
+
+    rows = [{"statement": "Dogs bark.", "critic_score": 0.9, "concept": " Dog"},
+            {"statement": "Cats bark.", "critic_score": 0.7, "concept": "cat"}]
+    assert len(set(split_groups(["dog", " Dog"]))) == 1
+    out = human_eval(rows, {"dogs bark": 1, "cats bark": 0}, delta=0.8, test_concepts={"dog"})
+    assert out["n_labelled_test_concepts"] == 1 and out["y"] == [1] and out["scores"] == [0.9]
+
+
 def test_truncate_keeps_one_statement():
     assert truncate("fun to play. They are old.") == "fun to play."
     assert truncate("a nice view.\nWe had fun") == "a nice view."

@@ -122,9 +122,13 @@ def human_eval(rows: Sequence[Mapping], labels: Mapping[str, int], delta: float,
                test_concepts: Collection[str] | None = None) -> dict | None:
     """Accuracy of the generator (before the critic) on the labelled generations, and the critic's PR on those of
     its ``test_concepts`` (None: all): the loop's critic trains on the labels store too, so a labelled generation of
-    another concept may be one it was fitted on (train) or chose δ with (dev)."""
+    another concept may be one it was fitted on (train) or chose δ with (dev). Concepts compare as the split groups
+    them (``critics.data.concept_key``: "Dog" is split.json's "dog")."""
+    from critics.data import concept_key
+
+    test_keys = None if test_concepts is None else {concept_key(c) for c in test_concepts}
     hits = [(labels[_norm(r["statement"])], float(r["critic_score"]),
-             test_concepts is None or str(r.get("concept", "")).strip() in test_concepts)
+             test_keys is None or concept_key(str(r.get("concept", ""))) in test_keys)
             for r in rows if _norm(r["statement"]) in labels
             and r.get("critic_score") is not None]  # unfinished: never scored
     if not hits:
