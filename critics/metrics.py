@@ -46,9 +46,12 @@ def precision_at_top(y, scores, fraction: float) -> tuple[float | None, int]:
     by their mean label (the expected precision over every order of the tie): which of them the cut takes says
     nothing about the critic, and taking them in the file's order let that order set the precision (a critic whose
     float32 P(valid) saturates at 1.0 ties many rows)."""
+    fraction = float(fraction)
+    if not 0.0 <= fraction <= 1.0:  # above 1 the cut indexed past the rows (IndexError); below 0, from their end
+        raise ValueError(f"precision_at_top: fraction must be in [0, 1] (a share of the rows), got {fraction}")
     y = np.asarray(y).astype(float)
     s = _scores(scores)
-    n_keep = int(np.ceil(float(fraction) * len(y)))
+    n_keep = int(np.ceil(fraction * len(y)))
     if not n_keep:
         return None, 0
     lowest = np.sort(s)[::-1][n_keep - 1]

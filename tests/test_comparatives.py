@@ -336,6 +336,9 @@ def test_cut_precision_on_labelled_rows_and_the_floor_warning():
     s = np.linspace(1, 0, 10)  # best first
     assert precision_at_top(y, s, 1.0) == (0.3, 10)
     assert precision_at_top(y, s, 0.2) == (0.5, 2) and precision_at_top(y, s, 0.25) == (2 / 3, 3)  # ceil, as the cuts
+    for bad in (1.5, -0.1, float("nan")):  # 1.5 was an IndexError, -0.1 a precision of rows counted from the end
+        with pytest.raises(ValueError, match=r"precision_at_top: fraction must be in \[0, 1\].*got"):
+            precision_at_top(y, s, bad)
     assert precision_at_top(y[:0], s[:0], 0.5) == (None, 0)
     # a critic under the surface floor + 0.15 is flagged; one above it, or with an undefined AP, is not
     assert floor_warning(0.60, 0.46) and "0.600" in floor_warning(0.60, 0.46) and floor_warning(0.445, 0.555)
