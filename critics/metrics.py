@@ -68,7 +68,7 @@ def _cuts(y, scores):
     s, y = s[order], y[order]
     tp = np.cumsum(y)
     n = np.arange(1, len(y) + 1)
-    last = np.r_[s[1:] != s[:-1], True]  # last index of each run of tied scores
+    last = np.r_[s[1:] != s[:-1], True][:len(s)]  # last index of each run of tied scores (none of no rows)
     values, tp, n = s[last], tp[last], n[last]
     precision = tp / n
     recall = tp / max(y.sum(), 1)

@@ -516,3 +516,12 @@ def test_a_nan_score_is_refused_not_a_nan_delta():
                  lambda: precision_recall_at([1, 0], [nan, 0.2], 0.5), lambda: average_precision([1, 0], [nan, 0.2])):
         with pytest.raises(ValueError, match="1 of 2 scores are NaN|1 of 3 scores are NaN"):
             call()
+
+
+def test_no_rows_give_no_cut_not_an_index_error():
+    """``_cuts`` of no rows ended in an IndexError, so the documented answers never came: precision_at_recall's None
+    (it now reads the cuts first, to refuse a NaN score, and stopped returning None for an empty split),
+    cut_at_recall's None and choose_delta's error naming the cause."""
+    assert precision_at_recall([], []) is None and cut_at_recall([], [], 0.8) is None
+    with pytest.raises(ValueError, match="at least one scored example"):
+        choose_delta([], [], 0.5)
