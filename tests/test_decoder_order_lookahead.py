@@ -1,7 +1,7 @@
 """Lookahead under ordered clauses (``positions``): a proposed token whose word would satisfy a clause at a rank its
 positions forbid, or would take the rank another clause still needs, breaks the order irreversibly.  Such tokens
 took the few lookahead slots (ranked by log-prob) from the one token that keeps the order, so a satisfiable ordered
-set came back unsatisfied."""
+set came back unsatisfied.  So did a word that would break a one-literal negative clause or a count limit."""
 
 import re
 
@@ -18,6 +18,18 @@ _ROW = {"Ġa": 3.0, "Ġare": 2.5, "Ġso": 2.5, "Ġis": 2.5, "Ġthan": 1.0, "Ġmo
         "EOS": -2.0}
 
 
+def _decode(cs, row=_ROW, **kw):
+    """The generations of "People say" under ``cs``, the LM's next-token logits ``row`` after every token."""
+    model, tok = tiny_model("gpt2")
+    h = bigram_lm(model, tok, {}, row)
+    try:
+        cfg = DecodingConfig(**{**dict(beam_size=2, num_return=2, max_new_tokens=4, min_new_tokens=1, prune_factor=20,
+                                       lookahead=1, beta=0.0, batch_size=1), **kw})
+        return NeuroLogicDecoder(model, tok, cfg).decode(["People say"], [cs])[0]
+    finally:
+        h.remove()
+
+
 @pytest.mark.parametrize("cs, first", [
     # "than" / "more" first would rank their clause 1st: its positions say 2nd
     (ConstraintSet([Clause([Literal("the")], positions=[1]),
@@ -27,14 +39,7 @@ _ROW = {"Ġa": 3.0, "Ġare": 2.5, "Ġso": 2.5, "Ġis": 2.5, "Ġthan": 1.0, "Ġmo
      "car"),
 ])
 def test_lookahead_proposes_the_word_that_keeps_the_order(cs, first):
-    model, tok = tiny_model("gpt2")
-    h = bigram_lm(model, tok, {}, _ROW)
-    try:
-        cfg = DecodingConfig(beam_size=2, num_return=2, max_new_tokens=4, min_new_tokens=1, prune_factor=20,
-                             lookahead=1, beta=0.0, batch_size=1)
-        gens = NeuroLogicDecoder(model, tok, cfg).decode(["People say"], [cs])[0]
-    finally:
-        h.remove()
+    gens = _decode(cs)
     assert gens and gens[0].all_satisfied, [(g.text, g.satisfied) for g in gens]
     assert _W.findall(gens[0].text)[0] == first, gens[0].text
 
@@ -51,13 +56,27 @@ def test_lookahead_proposes_the_word_that_keeps_the_order(cs, first):
 def test_lookahead_skips_a_word_that_is_forbidden(cs):
     """An OR's literal forbidden elsewhere (validate allows it: the other literal can satisfy the clause) was
     proposed, ranked by log-prob, in place of the allowed one."""
-    model, tok = tiny_model("gpt2")
-    h = bigram_lm(model, tok, {}, _ROW)
-    try:
-        cfg = DecodingConfig(beam_size=2, num_return=2, max_new_tokens=4, min_new_tokens=1, prune_factor=20,
-                             lookahead=1, beta=0.0, batch_size=1)
-        gens = NeuroLogicDecoder(model, tok, cfg).decode(["People say"], [cs])[0]
-    finally:
-        h.remove()
+    gens = _decode(cs)
     assert gens and gens[0].all_satisfied, [(g.text, g.satisfied) for g in gens]
     assert "car" in _W.findall(gens[0].text), gens[0].text
+
+
+# with a phrase among the literals the lookahead reads each literal's current word at every step (not the fixed
+# per-literal tables of one-word sets): the same words are ruled out there; " hot" is likelier than " car" / " the"
+_PHRASE_ROW = {**_ROW, "Ġhot": 2.0, "Ġdog": 1.0}
+
+
+@pytest.mark.parametrize("cs", [
+    ConstraintSet([Clause([Literal("than"), Literal("car")]), Clause([Literal("than", False)]),
+                   Clause([Literal("hot dog")])]),
+    ConstraintSet([Clause([Literal("than"), Literal("car")]), Clause([Literal("hot dog")])],
+                  [CountConstraint(["than", "more"], 0)]),
+    ConstraintSet([Clause([Literal("more")], positions=[1]), Clause([Literal("than"), Literal("car")]),
+                   Clause([Literal("hot dog")])], [CountConstraint(["than", "more"], 1)]),
+    # "hot dog" or "than" first would rank their clause 1st: its positions say 2nd
+    ConstraintSet([Clause([Literal("the")], positions=[1]),
+                   Clause([Literal("than"), Literal("hot dog")], positions=[2])]),
+])
+def test_lookahead_rules_out_the_same_words_beside_a_phrase(cs):
+    gens = _decode(cs, _PHRASE_ROW, beam_size=4, beta=2.0)
+    assert gens and gens[0].all_satisfied, [(g.text, g.satisfied) for g in gens]
