@@ -18,10 +18,11 @@ _ROW = {"Ġa": 3.0, "Ġare": 2.5, "Ġso": 2.5, "Ġis": 2.5, "Ġthan": 1.0, "Ġmo
         "EOS": -2.0}
 
 
-def _decode(cs, row=_ROW, **kw):
-    """The generations of "People say" under ``cs``, the LM's next-token logits ``row`` after every token."""
+def _decode(cs, row=_ROW, rows=None, **kw):
+    """The generations of "People say" under ``cs``, the LM's next-token logits ``row`` after every token (``rows``:
+    after the tokens it names)."""
     model, tok = tiny_model("gpt2")
-    h = bigram_lm(model, tok, {}, row)
+    h = bigram_lm(model, tok, rows or {}, row)
     try:
         cfg = DecodingConfig(**{**dict(beam_size=2, num_return=2, max_new_tokens=4, min_new_tokens=1, prune_factor=20,
                                        lookahead=1, beta=0.0, batch_size=1), **kw})
@@ -80,3 +81,20 @@ _PHRASE_ROW = {**_ROW, "Ġhot": 2.0, "Ġdog": 1.0}
 def test_lookahead_rules_out_the_same_words_beside_a_phrase(cs):
     gens = _decode(cs, _PHRASE_ROW, beam_size=4, beta=2.0)
     assert gens and gens[0].all_satisfied, [(g.text, g.satisfied) for g in gens]
+
+
+@pytest.mark.parametrize("cs, text", [
+    (ConstraintSet([Clause([Literal("park"), Literal("car")]), Clause([Literal("park", False)])]), "par car"),
+    (ConstraintSet([Clause([Literal("park"), Literal("car")])], [CountConstraint(["park"], 0)]), "par car"),
+    # "park" now would rank its clause 1st: its positions say 2nd
+    (ConstraintSet([Clause([Literal("the")], positions=[1]),
+                    Clause([Literal("park"), Literal("car")], positions=[2])]), "par the car"),
+])
+def test_lookahead_does_not_continue_a_word_it_would_not_start(cs, text):
+    """" park" is " par" + "k": after the LM's " par" the continuation "k" (a literal under way, proposed first) took
+    the one lookahead slot from " car" / " the", though completing "park" breaks the negative clause, the count
+    limit or the order."""
+    # " par" is the only first token the LM allows (" car" not yet); then its top 4 tokens hold "k", not " car"
+    gens = _decode(cs, {"Ġa": 3.0, "Ġare": 2.5, "Ġso": 2.5, "k": 2.0, "Ġcar": -1.0, "Ġthe": -1.0, "EOS": -2.0},
+                   {"ay": {"Ġpar": 3.0, "EOS": -5.0}}, max_new_tokens=len(text.split()))
+    assert [g.text for g in gens if g.all_satisfied] == [text], [(g.text, g.satisfied) for g in gens]

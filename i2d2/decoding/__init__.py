@@ -9,7 +9,7 @@ from .neurologic import DecodingConfig, Generation, NeuroLogicDecoder
 # an older decoder wrote are decoded again on resume rather than mixed with new ones. Revision 3: on a CPU with a
 # small vocabulary the prune threshold is selected alone, so exactly tied log-probs may order differently.
 # Revision 4: the lookahead no longer proposes words that would break the clause order (positions), a one-literal
-# negative clause or a count limit.
+# negative clause or a count limit, by a first token or by a continuation of the pending word.
 OUTPUT_REVISION = 4
 
 __all__ = ["Literal", "Clause", "CountConstraint", "DynamicClause", "ConstraintSet", "DecodingConfig",

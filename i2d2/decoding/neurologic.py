@@ -525,6 +525,21 @@ class NeuroLogicDecoder:
             if cp.has_resume:
                 resume = _take(lt["path_resume"], vidx)
                 start_res = torch.where(resume >= 0, start, -2)  # a start token that has a resume token
+        # a literal whose word, once complete, breaks the clause order, a one-literal negative clause or a count limit
+        # (a literal of an OR may be forbidden elsewhere) is proposed neither by its first token nor by a continuation
+        # of the pending word: it only took a lookahead slot from a word that keeps them (a continuation the first)
+        keep = self._keeps_order(cp, lt, st, pend_word, last_word) if cp.has_order else None
+        if lt["word_forbidden"] is not None:
+            if lt["single_words"] is not None:  # each literal's word is fixed
+                forbidden, groups = lt["lit_forbidden"], lt["lit_groups"]
+            else:
+                idx = words + lt["rowoff"]
+                forbidden, groups = _take(lt["word_forbidden"], idx), _take(lt["word_groups"], idx)
+            full = st.gcnt >= lt["grp_max"][:, 0]  # [N, G] groups at their limit
+            allowed = ~(forbidden | (groups & full[:, None, :]).any(-1))
+            keep = allowed if keep is None else keep & allowed
+        if keep is not None:
+            unsat, need = unsat & keep, need & keep
         # continuations of the pending word along a literal's canonical path: looked up by trie node ([N, J]),
         # kept when that word is the current word of an unsatisfied literal whose pending word is not done
         # [N, word]: some literal needs it; a column without a continuation reads the spare last word, never needed
@@ -541,17 +556,6 @@ class NeuroLogicDecoder:
             start_ok = unsat & (lt["pos_static2"] | promoted)
         else:
             start_ok = unsat
-        if cp.has_order:
-            start_ok = start_ok & self._keeps_order(cp, lt, st, pend_word, last_word)
-        if lt["word_forbidden"] is not None:  # a word that breaks a negative-only clause or a count limit once
-            # complete (a literal of an OR may be forbidden elsewhere): proposing it only takes a lookahead slot
-            if lt["single_words"] is not None:  # each literal's word is fixed
-                forbidden, groups = lt["lit_forbidden"], lt["lit_groups"]
-            else:
-                idx = words + lt["rowoff"]
-                forbidden, groups = _take(lt["word_forbidden"], idx), _take(lt["word_groups"], idx)
-            full = st.gcnt >= lt["grp_max"][:, 0]  # [N, G] groups at their limit
-            start_ok = start_ok & ~(forbidden | (groups & full[:, None, :]).any(-1))
         # masks stay per literal [N, Lp] as long as they can; per variant they are [N, 2, Lp], variant-major: an
         # elementwise op that broadcasts over a last dimension of 2 costs ~10x more on a CPU than over Lp
         started_start = None if under_way is None else start_ok & under_way
