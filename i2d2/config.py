@@ -110,8 +110,8 @@ def help_config_groups() -> str:
 
 
 def register_resolvers() -> None:
-    for name, fn in {"i2d2.conf_path": conf_path, "i2d2.wandb_mode": wandb_mode,
-                     "i2d2.launch_dir": launch_dir, "i2d2.run_dir": run_dir_key, "i2d2.help_config_groups": help_config_groups}.items():
+    for name, fn in {"i2d2.conf_path": conf_path, "i2d2.wandb_mode": wandb_mode, "i2d2.launch_dir": launch_dir,
+                     "i2d2.run_dir": run_dir_key, "i2d2.help_config_groups": help_config_groups}.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)
 

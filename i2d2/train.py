@@ -66,9 +66,9 @@ def check_logger_overrides(overrides) -> None:
 
 def check_preset_overrides(overrides) -> None:
     """``experiment=smoke/i2d2`` (or ``experiment/smoke=cmp``) picks only a task's share of ``experiment=smoke``
-    (``conf/experiment/smoke/<task>.yaml``; ``--help`` leaves the group out): without the preset's tiny models, its task or its
-    critic. ``smoke/i2d2`` ran the default Gemma models at smoke sizes, ``smoke/cmp`` failed on CMP keys unknown to
-    the I2D2 task. Refused at start-up, naming the preset to use."""
+    (``conf/experiment/smoke/<task>.yaml``; ``--help`` leaves the group out): without the preset's tiny models, its
+    task or its critic. ``smoke/i2d2`` ran the default Gemma models at smoke sizes, ``smoke/cmp`` failed on CMP keys
+    unknown to the I2D2 task. Refused at start-up, naming the preset to use."""
     for o in overrides:
         key, _, value = str(o).partition("=")
         key, value = key.lstrip("+~"), value.strip()
