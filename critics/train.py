@@ -232,15 +232,38 @@ def labelled_splits(cfg: dict, paths: Sequence[str | Path], report: LoadReport |
     return rows, texts, ys, splits, n_unfinished
 
 
-def log_critic_metrics(tracker, summary: Mapping) -> None:
-    """The critic's numbers to the tracker as ``critic/<key>``: after its fit, and in a later iteration that reuses it
-    (its run has no other record of them)."""
-    tracker.log_metrics({f"critic/{k}": v for k, v in summary.items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None})
+# The logged name of each summary number measured on labelled rows: ``<split>_<what>``, so that a run compared in
+# W&B says which split a number is (a bare ``critic/ap`` beside ``critic/dev_ap`` read as either). metrics.json keeps
+# the summary's keys, which its ``sources`` explain; keys already named by their split (``dev_ap``, ``probe_*``,
+# ``test_valid_rate``) are logged as they are.
+LOGGED_NAMES = {
+    "ap": "test_ap", "ap_perplexity": "test_ap_perplexity", "precision": "test_precision", "recall": "test_recall",
+    "n_kept_test": "test_n_kept", "n_kept_dev": "dev_n_kept", "p_at_r": "test_p_at_r",
+    "p_at_r_recall": "test_p_at_r_recall", "p_at_r_n_kept": "test_p_at_r_n_kept", "recall_cut": "dev_recall_cut",
+    "recall_cut_precision": "test_recall_cut_precision", "recall_cut_recall": "test_recall_cut_recall",
+    "recall_cut_n_kept": "test_recall_cut_n_kept", "surface_ap": "test_surface_ap",
+    "surface_auc_test": "test_surface_auc", "surface_auc_train": "train_surface_auc",
+    "surface_auc_train_in_sample": "train_surface_auc_in_sample",
+    "surface_auc_gap": "train_minus_test_surface_auc", "ap_over_surface": "test_ap_over_surface",
+}
+# the summary's numbers that no split measures: split sizes, settings and timings (logged under their own names)
+UNSPLIT = frozenset({"delta", "target_recall", "fit_seconds", "n_train", "n_train_fit", "n_dev", "n_test",
+                     "n_test_concepts", "n_unfinished_left_out"})
+# the numbers of the cut at δ (chosen on dev): left out of the log where a task never applies δ
+DELTA_CUT = frozenset({"delta", "precision", "recall", "n_kept_test", "dev_precision", "dev_recall", "n_kept_dev"})
+
+
+def log_critic_metrics(tracker, summary: Mapping, delta_applied: bool = True) -> None:
+    """The critic's numbers to the tracker as ``critic/<LOGGED_NAMES or key>``: after its fit, and in a later
+    iteration that reuses it (its run has no other record of them). ``delta_applied=False`` (a task that keeps
+    fractions, not ``score > δ``): the cut at δ is not logged, as it would read as the cut the task used."""
+    tracker.log_metrics({f"critic/{LOGGED_NAMES.get(k, k)}": v for k, v in summary.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None
+                         and (delta_applied or k not in DELTA_CUT)})
 
 
 def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: str | Path, trainer_cfg=None,
-                 tracker=None, lm=None, keys: dict | None = None) -> dict:
+                 tracker=None, lm=None, keys: dict | None = None, delta_applied: bool = True) -> dict:
     """Train (or reuse) the critic in ``out_dir``; return its summary.
 
     Three splits grouped by concept (``grouped_split3``): train fits the critic; **dev** picks the checkpoint
@@ -248,7 +271,8 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     ``ap``, ``precision``/``recall``/``n_kept_test`` of ``score > δ`` (precision is None when nothing is kept),
     ``p_at_r``, the LM-perplexity ranker's ``ap_perplexity`` (None without ``lm``), the surface-only floor
     (``surface_ap``, ``surface_auc_train/test``) and the hand-written invariance probes (``probe_shift``,
-    ``probe_ap``). ``sources`` names the split of each number. ``keys``: as for ``labelled_splits``.
+    ``probe_ap``). ``sources`` names the split of each number; the tracker gets them named by it (``LOGGED_NAMES``).
+    ``keys``: as for ``labelled_splits``; ``delta_applied``: as for ``log_critic_metrics``.
     """
     from critics.probe import fit_probe
     from critics.scoring import critic_meta, load_critic, score_loaded
@@ -374,7 +398,7 @@ def train_critic(cfg_critic, annotation_paths: Sequence[str | Path], out_dir: st
     write_json(out_dir / "metrics.json", {**summary, **{k: Path(summary[k]).relative_to(out_dir).as_posix()
                                                         for k in ("model_dir", "pr_curve", "score_histogram")}})
     if tracker is not None:
-        log_critic_metrics(tracker, summary)
+        log_critic_metrics(tracker, summary, delta_applied)
         tracker.log_image("critic/pr_curve", out_dir / "pr_curve.png")
         tracker.log_image("critic/score_histogram", out_dir / "score_histogram.png")
         tracker.log_table("critic/test_scores", list(test_rows[0]), [list(r.values()) for r in test_rows],

@@ -1,5 +1,7 @@
 """Loop helpers without models: mark-and-recapture, human-label evaluation, truncation, prompt sampling."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -208,3 +210,40 @@ def test_an_ellipsis_is_no_sentence_end_in_either_spelling():
         assert truncate(f"loyal{ellipsis} and kind. More") == f"loyal{ellipsis} and kind."
     assert ends_sentence("Dogs bark.") and ends_sentence("Do dogs bark?") and ends_sentence('He said "wait."')
     assert ends_sentence("Made in the U.S.") and not ends_sentence("Dogs are")
+
+
+def test_the_numbers_measured_on_a_labelled_split_are_logged_named_by_it(tmp_path):
+    """critic/ap (test) beside critic/dev_ap (dev), report/critic_precision (test, at the filter's δ): W&B keys that
+    did not say which split measured them. Logged now as <stage>/<split>_<what>; metrics.json keeps its keys."""
+    from critics.train import log_critic_metrics
+    from i2d2.recipes.generics_report import write_report
+
+    class Recorder:
+        def __init__(self):
+            self.metrics = {}
+
+        def log_metrics(self, metrics, step=None):
+            self.metrics.update(metrics)
+
+        def log_table(self, *a, **k):
+            pass
+
+        log_image = log_table
+
+    tracker = Recorder()
+    log_critic_metrics(tracker, {"ap": 0.7, "dev_ap": 0.8, "precision": 0.6, "n_kept_test": 5, "p_at_r": 0.5,
+                                 "surface_auc_train": 0.6, "probe_ap": 0.55, "n_test": 30, "delta": 0.4})
+    assert tracker.metrics == {"critic/test_ap": 0.7, "critic/dev_ap": 0.8, "critic/test_precision": 0.6,
+                               "critic/test_n_kept": 5, "critic/test_p_at_r": 0.5, "critic/train_surface_auc": 0.6,
+                               "critic/probe_ap": 0.55, "critic/n_test": 30, "critic/delta": 0.4}
+    tracker = Recorder()
+    m = dict(iteration=0, generator="g", next_model="iter_0/model", n_prompts=4, n_generations=20,
+             constraint_satisfaction_rate=0.5, critic_model="c", critic_ap=0.9, critic_precision=0.75, critic_recall=0.5,
+             critic_n_kept_test=4, human_precision_at_delta=0.5, delta=0.5, accepted_rate=0.25, kept_fraction=0.2,
+             n_kept=4)
+    write_report(tmp_path / "iter_0", tmp_path, m, [], [], {"source": "s", "y": [1, 0], "scores": [0.9, 0.1]},
+                 tracker=tracker)
+    logged = {k: v for k, v in tracker.metrics.items() if "critic" in k or "human" in k}
+    assert logged == {"report/test_critic_precision": 0.75, "report/test_critic_recall": 0.5,
+                      "report/test_critic_n_kept": 4, "report/test_human_precision_at_delta": 0.5}
+    assert json.loads((tmp_path / "iter_0" / "report" / "metrics.json").read_text())["critic_precision"] == 0.75

@@ -25,6 +25,7 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from critics.surface import floor_warning, margin_text
+from critics.train import LOGGED_NAMES as CRITIC_LOGGED_NAMES
 from i2d2.io import read_jsonl, write_json, write_text
 from i2d2.metrics import chapman_estimate, self_bleu
 
@@ -356,10 +357,14 @@ LOGGED_BY_STAGE = {
     "constraint_satisfaction_rate": "generation/constraint_satisfaction_rate", "prompts_per_s": "generation/prompts_per_s",
     "delta": "filter/delta", "n_kept": "filter/n_kept", "kept_fraction": "filter/kept_fraction",
     "heldout_n_generations": "heldout/n_generations",
-    **{f"critic_{k}": f"critic/{k}" for k in (
+    **{f"critic_{k}": f"critic/{CRITIC_LOGGED_NAMES.get(k, k)}" for k in (
         "ap", "ap_perplexity", "delta", "dev_precision", "n_test", "n_test_concepts", "surface_ap", "surface_auc_gap",
         "probe_shift", "probe_shift_read", "probe_ap")},
 }
+# the report's own numbers measured on labelled rows, logged as report/<split>_<key> (<stage>/<split>_<what>, as
+# critic/ logs them): the critic's test split at the filter's δ, and the labelled generations of its test concepts
+LOGGED_NAMES = {k: f"test_{k}" for k in ("critic_precision", "critic_recall", "human_precision_at_delta")} | {
+    "critic_n_kept_test": "test_critic_n_kept"}
 
 
 def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence[Mapping],
@@ -377,9 +382,10 @@ def write_report(iter_dir: Path, run_dir: Path, metrics: Mapping, kept: Sequence
     md = render_markdown(metrics, samples, hist, "report/pr_curves.png" if aps else None)
     write_text(iter_dir / "report.md", md)
     if tracker is not None:
-        tracker.log_metrics({f"report/{k}": v for k, v in metrics.items() if k not in LOGGED_BY_STAGE
-                             and isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None
-                             and not (isinstance(v, float) and math.isnan(v))}, step=int(metrics["iteration"]))
+        tracker.log_metrics({f"report/{LOGGED_NAMES.get(k, k)}": v for k, v in metrics.items()
+                             if k not in LOGGED_BY_STAGE and isinstance(v, (int, float)) and not isinstance(v, bool)
+                             and v is not None and not (isinstance(v, float) and math.isnan(v))},
+                            step=int(metrics["iteration"]))
         cols = ["sample", "critic_score", "all_satisfied", "prompt", "generation", "concept"]
         tracker.log_table("report/samples", cols, [[t, r["critic_score"], r.get("all_satisfied"), r.get("prompt"),
                                                     r.get("generation"), r.get("concept")]
