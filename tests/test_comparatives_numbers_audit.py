@@ -118,10 +118,14 @@ def _run_discriminator(tmp_path, monkeypatch):
     test_rows = [{"statement": f"s{i}", "concept": f"a{i} | b{i}", "label": "True", "y": i % 2,
                   "critic_score": 1.0 - i / 10} for i in range(10)]
 
-    def fake_train_critic(ccfg, paths, out_dir, trainer_cfg=None, tracker=None, lm=None, keys=None):
+    def fake_train_critic(ccfg, paths, out_dir, trainer_cfg=None, tracker=None, lm=None, keys=None,
+                          delta_applied=True):
         (Path(out_dir) / "model").mkdir(parents=True, exist_ok=True)
         write_jsonl(Path(out_dir) / "test_scores.jsonl", test_rows)
-        return {"model_dir": str(Path(out_dir) / "model"), "ap": 0.5, "n_test": 10, "test_valid_rate": 0.5}
+        summary = {"model_dir": str(Path(out_dir) / "model"), "ap": 0.5, "n_test": 10, "test_valid_rate": 0.5,
+                   "delta": 0.7, "precision": 0.75, "recall": 0.5, "n_kept_test": 4, "dev_precision": 0.8}
+        critics.train.log_critic_metrics(tracker, summary, delta_applied)  # as train_critic logs them
+        return summary
 
     monkeypatch.setattr(critics.train, "train_critic", fake_train_critic)
     monkeypatch.setattr(critics.scoring, "score_texts", lambda model, texts, **kw: np.linspace(1, 0, len(texts)))
@@ -191,3 +195,12 @@ def test_each_cut_is_also_measured_on_test_at_the_score_it_stops_at_on_the_run(t
     md = "\n".join(_discriminator_lines(out["critic"]))
     assert ("| precision on test at the nc_l cut's threshold on this run's statements (score ≥ 0.500; kept; recall) "
             "| 0.500 (6; recall 0.600) |") in md
+
+
+def test_the_critics_numbers_are_logged_named_by_their_split_and_not_the_unused_cut_at_delta(tmp_path, monkeypatch):
+    """critic/ap was the test AP beside critic/dev_ap, and critic/precision the test precision at a δ this task never
+    applies (it keeps fractions): W&B showed neither which split nor that the cut was unused."""
+    _, logged = _run_discriminator(tmp_path, monkeypatch)
+    assert logged["critic/test_ap"] == 0.5 and logged["critic/n_test"] == 10 and "critic/ap" not in logged
+    assert not {"critic/delta", "critic/precision", "critic/test_precision", "critic/recall", "critic/test_recall",
+                "critic/n_kept_test", "critic/test_n_kept", "critic/dev_precision"} & set(logged)

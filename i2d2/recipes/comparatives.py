@@ -481,8 +481,9 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
     ccfg = critic_cfg(cfg)
     paths = annotation_paths(cfg)
     critic = run_stage(critic_dir, critic_fingerprint(cfg, ccfg, paths, lm is not None, lm_key),
+                       # this task keeps fractions (cuts), never score > δ: δ's cut is not logged as if it were used
                        lambda d: _recorded(train_critic(ccfg, paths, d, cfg.trainer, tracker=tracker, lm=lm,
-                                                          keys=critic_keys(cfg)), cfg),
+                                                          keys=critic_keys(cfg), delta_applied=False), cfg),
                        name="critic")
     critic_model = in_run(critic["model_dir"], cfg.run_dir)
 
@@ -527,7 +528,8 @@ def discriminator_stage(cfg, in_path: Path, critic_dir: Path, out_dir: Path, tra
     sources = {**(critic.get("sources") or {}),
                # δ is the generics filter's cut: read beside the cuts, its precision looked like the discriminator's
                "delta (here)": "chosen on dev for critic.target_precision, never applied: this task keeps fractions "
-                               "(cuts); precision / recall / n_kept_test are that unused cut's, on test",
+                               "(cuts); precision / recall / n_kept_test are that unused cut's, on test (not "
+                               "logged to the tracker)",
                "cuts_test": "test: each cut's fraction of the test statements, best scored first (the cut's share, "
                             "not the score it stops at on this run's statements); recall over the test's valid ones",
                "cuts_test.*.at_run_threshold": "test: the test statements scoring at least the lowest score the cut "
