@@ -202,11 +202,26 @@ def scalars(summary: Mapping, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def split_named(key: str, splits: Mapping[str, str]) -> str:
+    """``key`` (``a/b/c``) with its last part named by the split that measured it: ``a/b/<split>_c`` where a pattern
+    of ``splits`` (``fnmatch``, ``*`` spans ``/``) matches the part above it or a part above that."""
+    from fnmatch import fnmatch
+
+    parent, _, leaf = key.rpartition("/")
+    for part, split in splits.items():
+        if fnmatch(parent, part) or fnmatch(parent, f"{part}/*"):
+            return f"{parent}/{split}_{leaf}"
+    return key
+
+
 def publish_report(out_dir: str | Path, summary: Mapping, markdown: str, tracker: Tracker | None = None,
-                   prefix: str = "report", logged_by_stages: Collection[str] = ()) -> Path:
+                   prefix: str = "report", logged_by_stages: Collection[str] = (),
+                   splits: Mapping[str, str] | None = None) -> Path:
     """Every recipe's end: ``report.json`` (the numbers) and ``report.md`` (for a person) in ``out_dir``, written
     atomically; the numbers to every logger under ``prefix/``, except the parts of the summary (``a`` or ``a/b``)
-    in ``logged_by_stages``, which its stages logged under their own names; the report's path in the log."""
+    in ``logged_by_stages``, which its stages logged under their own names; the report's path in the log.
+    ``splits``: the parts measured on a labelled split (``{"zero_shot": "test"}``): their numbers are logged as
+    ``<part>/.../<split>_<name>`` (``split_named``), so that the logged name says which split measured them."""
     from i2d2.io import write_json, write_text
 
     out_dir = Path(out_dir)
@@ -214,6 +229,8 @@ def publish_report(out_dir: str | Path, summary: Mapping, markdown: str, tracker
     path = write_text(out_dir / "report.md", markdown)
     if tracker is not None:
         skip = tuple(f"{prefix}/{part}/" for part in logged_by_stages)
-        tracker.log_metrics({k: v for k, v in scalars(summary, prefix).items() if not f"{k}/".startswith(skip)})
+        named = {f"{prefix}/{part}" if prefix else part: split for part, split in (splits or {}).items()}
+        tracker.log_metrics({split_named(k, named): v for k, v in scalars(summary, prefix).items()
+                             if not f"{k}/".startswith(skip)})
     log.info("report: %s", path)
     return path

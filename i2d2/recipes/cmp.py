@@ -565,7 +565,10 @@ def _run(cfg: DictConfig, run_dir: Path, tracker: Tracker) -> dict:
         summary["downstream"] = run_stage(run_dir / "downstream", fp_ds,
                                           lambda d: downstream(cfg, model_dir, d), "downstream")
     # every stage's numbers reach the loggers here, once, also when a stage is reused: cmp/pretrain/{initial,final}/*,
-    # cmp/zero_shot/<model>/*, cmp/downstream/<unit>/*
-    publish_report(run_dir, summary, _report(summary), tracker, prefix="cmp")
+    # cmp/zero_shot/<model>/*, cmp/downstream/<unit>/*; those measured on labelled rows that chose nothing are named
+    # test_*: the zero-shot QA on the test split, a downstream unit's scores (and their spread over seeds) on its
+    # evaluation file (its learning rate is chosen on rows held out of its train file: dev_by_lr)
+    publish_report(run_dir, summary, _report(summary), tracker, prefix="cmp",
+                   splits={"zero_shot": "test", "downstream/*/metrics": "test", "downstream/*/std": "test"})
     log.info("CMP report:\n%s", _report(summary))
     return summary
