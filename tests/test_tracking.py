@@ -142,6 +142,12 @@ def test_iteration_logs_config_namespaced_hparams_and_progress(tmp_path, caplog)
     lines = [r.getMessage() for r in caplog.records if r.name == "i2d2.lightning_setup"]
     assert any(m.startswith("critic: epoch") for m in lines) and any(" step " in m for m in lines)
     _assert_logged_once_and_tables_by_stage(tmp_path, "i2d2")  # this smoke run serves the names test too
+    # the report leaves out what a stage logged, by the stage's name: each such name is one the stages logged
+    from i2d2.recipes.generics_report import LOGGED_BY_STAGE
+
+    report = json.loads((tmp_path / "iter_0" / "report" / "metrics.json").read_text())
+    missing = {v for k, v in LOGGED_BY_STAGE.items() if report.get(k) is not None} - _logged_names(tmp_path)[0]
+    assert not missing, missing
 
 
 @pytest.mark.parametrize("task", ["cmp", "negverse", "comparatives"])
@@ -163,6 +169,26 @@ def test_every_recipe_opens_the_same_tracker(tmp_path, task):
     assert f"{task}/n" in metrics and f"{task}/nested/p" in metrics and "flag" not in metrics
     assert json.loads((tmp_path / "out" / "report.json").read_text())["n"] == 3
     assert (tmp_path / "out" / "report.md").read_text() == "# r\n"
+
+
+def test_a_report_names_the_split_of_the_parts_measured_on_one(tmp_path):
+    """CMP logged its zero-shot QA (test split) as cmp/zero_shot/<model>/f1: publish_report's ``splits`` names it."""
+    from i2d2.tracking import publish_report
+
+    class Recorder:
+        metrics = {}
+
+        def log_metrics(self, metrics, step=None):
+            self.metrics.update(metrics)
+
+    summary = {"zero_shot": {"base": {"f1": 0.5, "by_t": {"f1": 0.25}}}, "zero_shot_n": 3,
+               "downstream": {"u_k0": {"metrics": {"f1": 0.75}, "n_eval": 4}}}
+    publish_report(tmp_path, summary, "# r\n", Recorder(), prefix="cmp",
+                   splits={"zero_shot": "test", "downstream/*/metrics": "test"})
+    assert Recorder.metrics == {"cmp/zero_shot/base/test_f1": 0.5, "cmp/zero_shot/base/by_t/test_f1": 0.25,
+                                "cmp/zero_shot_n": 3, "cmp/downstream/u_k0/metrics/test_f1": 0.75,
+                                "cmp/downstream/u_k0/n_eval": 4}
+    assert json.loads((tmp_path / "report.json").read_text()) == summary  # the record keeps its keys
 
 
 def test_metrics_logged_after_the_last_fit_reach_the_csv_when_the_run_finishes(tmp_path):
@@ -207,11 +233,11 @@ ALIASES = {
              ("filter/n_kept", "report/n_kept"), ("filter/delta", "report/delta"),
              ("generation/n_prompts", "report/n_prompts"), ("generation/n_generations", "report/n_generations"),
              ("generation/constraint_satisfaction_rate", "report/constraint_satisfaction_rate"),
-             ("generation/prompts_per_s", "report/prompts_per_s"), ("critic/ap", "report/critic_ap"),
-             ("critic/surface_ap", "report/critic_surface_ap"), ("critic/probe_shift", "report/critic_probe_shift"),
+             ("generation/prompts_per_s", "report/prompts_per_s"), ("critic/test_ap", "report/critic_ap"),
+             ("critic/test_surface_ap", "report/critic_surface_ap"), ("critic/probe_shift", "report/critic_probe_shift"),
              ("heldout/n_generations", "report/heldout_n_generations"),
              ("report/heldout_self_bleu", "heldout/self_bleu")],
-    "comparatives": [("filter/dedup/out", "comparatives/counts/dedup/out"), ("critic/ap", "comparatives/critic/ap"),
+    "comparatives": [("filter/dedup/out", "comparatives/counts/dedup/out"), ("critic/test_ap", "comparatives/critic/ap"),
                      ("filter/dedup/seconds", "comparatives/counts/dedup/seconds"),
                      ("filter/contradiction/seconds", "comparatives/counts/contradiction/seconds"),
                      ("filter/discriminator/seconds", "comparatives/counts/discriminator/seconds"),
@@ -220,8 +246,9 @@ ALIASES = {
                      ("qa_benchmark/accuracy", "comparatives/comparative_qa_benchmark/accuracy"),
                      ("comparatives/nc_xl/n", "nc_xl/n")],
     "cmp": [("cmp/pretrain/final/val/loss", "cmp/pretrain_final/val/loss"),
-            ("cmp/zero_shot/base/f1", "cmp/zero_shot_base/f1"), ("cmp/zero_shot/constant/f1", "cmp/zero_shot_constant/f1"),
-            ("cmp/downstream/hotpotqa_pretrained_k0/metrics/f1", "cmp/downstream/hotpotqa_pretrained_k0/f1")],
+            ("cmp/zero_shot/base/test_f1", "cmp/zero_shot_base/f1"),
+            ("cmp/zero_shot/constant/test_f1", "cmp/zero_shot_constant/f1"),
+            ("cmp/downstream/hotpotqa_pretrained_k0/metrics/test_f1", "cmp/downstream/hotpotqa_pretrained_k0/f1")],
     "negverse": [("negverse/train/val_loss", "val/loss")],
 }
 # tables: <stage>/<what>, the stage named as its metrics name it
@@ -245,8 +272,42 @@ def test_a_recipe_logs_each_quantity_under_one_name_and_tables_by_stage(tmp_path
     _assert_logged_once_and_tables_by_stage(tmp_path, task)
 
 
+# numbers measured on labelled rows: {the name they had before they named their split: the name they have now,
+# <stage>/<split>_<what>} (critic/ap and critic/dev_ap side by side read as one split for another)
+SPLIT_PREFIXES = ("train_", "dev_", "test_", "probe_", "heldout_")
+_CRITIC = {"critic/ap": "critic/test_ap", "critic/p_at_r": "critic/test_p_at_r",
+           "critic/surface_ap": "critic/test_surface_ap", "critic/surface_auc_test": "critic/test_surface_auc",
+           "critic/surface_auc_train": "critic/train_surface_auc"}
+LABELLED = {
+    "i2d2": {**_CRITIC, "critic/precision": "critic/test_precision", "critic/recall": "critic/test_recall",
+             "critic/n_kept_test": "critic/test_n_kept", "critic/recall_cut_precision": "critic/test_recall_cut_precision",
+             "report/critic_precision": "report/test_critic_precision",
+             "report/critic_recall": "report/test_critic_recall", "report/critic_n_kept_test": "report/test_critic_n_kept"},
+    "comparatives": _CRITIC,
+    "cmp": {f"{stage}/{name}": f"{stage}/test_{name}" for stage, name in (
+        ("cmp/zero_shot/base", "f1"), ("cmp/zero_shot/pretrained", "em"), ("cmp/zero_shot/constant", "f1"),
+        ("cmp/zero_shot/base/both_value", "f1"), ("cmp/downstream/hotpotqa_pretrained_k0/metrics", "f1"),
+        ("cmp/downstream/diffen_pretrained_k2/metrics", "rougeL"))},
+    "negverse": {},
+}
+
+
+def _assert_labelled_metrics_name_their_split(metrics: set[str], task: str) -> None:
+    from critics.train import UNSPLIT
+
+    for old, new in LABELLED[task].items():
+        assert old not in metrics and new in metrics, (old, new)
+    # and whatever the critic logs that is no split size, setting or timing
+    unnamed = {m for m in metrics if m.startswith("critic/") and m.count("/") == 1
+               and m.split("/")[1] not in UNSPLIT and not m.split("/")[1].startswith(SPLIT_PREFIXES)}
+    assert not unnamed, unnamed
+    if task == "comparatives":  # its cuts keep fractions: the cut at δ, never applied, is not logged as if it were
+        assert not {"critic/delta", "critic/test_precision", "critic/test_recall", "critic/dev_precision"} & metrics
+
+
 def _assert_logged_once_and_tables_by_stage(run_dir: Path, task: str) -> None:
     metrics, media = _logged_names(run_dir)
+    _assert_labelled_metrics_name_their_split(metrics, task)
     for kept, alias in ALIASES[task]:
         assert kept in metrics and alias not in metrics, (kept, alias)
     images = {"critic/pr_curve", "critic/score_histogram", "critic_val/pr_curve", "critic_val/score_histogram",
