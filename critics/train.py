@@ -246,9 +246,6 @@ LOGGED_NAMES = {
     "surface_auc_train_in_sample": "train_surface_auc_in_sample",
     "surface_auc_gap": "train_minus_test_surface_auc", "ap_over_surface": "test_ap_over_surface",
 }
-# the summary's numbers that no split measures: split sizes, settings and timings (logged under their own names)
-UNSPLIT = frozenset({"delta", "target_recall", "fit_seconds", "n_train", "n_train_fit", "n_dev", "n_test",
-                     "n_test_concepts", "n_unfinished_left_out"})
 # the numbers of the cut at δ (chosen on dev): left out of the log where a task never applies δ
 DELTA_CUT = frozenset({"delta", "precision", "recall", "n_kept_test", "dev_precision", "dev_recall", "n_kept_dev"})
 

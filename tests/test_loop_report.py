@@ -238,9 +238,9 @@ def test_the_numbers_measured_on_a_labelled_split_are_logged_named_by_it(tmp_pat
                                "critic/probe_ap": 0.55, "critic/n_test": 30, "critic/delta": 0.4}
     tracker = Recorder()
     m = dict(iteration=0, generator="g", next_model="iter_0/model", n_prompts=4, n_generations=20,
-             constraint_satisfaction_rate=0.5, critic_model="c", critic_ap=0.9, critic_precision=0.75, critic_recall=0.5,
-             critic_n_kept_test=4, human_precision_at_delta=0.5, delta=0.5, accepted_rate=0.25, kept_fraction=0.2,
-             n_kept=4)
+             constraint_satisfaction_rate=0.5, critic_model="c", critic_ap=0.9, critic_precision=0.75,
+             critic_recall=0.5, critic_n_kept_test=4, human_precision_at_delta=0.5, delta=0.5, accepted_rate=0.25,
+             kept_fraction=0.2, n_kept=4)
     write_report(tmp_path / "iter_0", tmp_path, m, [], [], {"source": "s", "y": [1, 0], "scores": [0.9, 0.1]},
                  tracker=tracker)
     logged = {k: v for k, v in tracker.metrics.items() if "critic" in k or "human" in k}
