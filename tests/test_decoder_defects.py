@@ -187,6 +187,20 @@ def test_byte_fallback_character_stays_inside_its_word():
         h.remove()
 
 
+def test_byte_fallback_punctuation_mark_ends_the_word_before_it():
+    model, tok = _byte_fallback_lm()
+    assert tok.convert_ids_to_tokens(tok.encode("dog’s", add_special_tokens=False)) == [
+        "▁dog", "<0xE2>", "<0x80>", "<0x99>", "s"]
+    wants = {"▁dog": {"<0xE2>": 3.0}, "<0xE2>": {"<0x80>": 3.0}, "<0x80>": {"<0x99>": 3.0}, "<0x99>": {"s": 3.0},
+             "s": {".": 3.0}, ".": {"EOS": 3.0}}
+    h = bigram_lm(model, tok, wants, {"▁dog": 3.0})
+    try:
+        gens = decode(model, tok, "a", ConstraintSet([Clause([Literal("dog")])]), beam_size=1, num_return=1)
+        assert [(g.text, g.all_satisfied, g.matched) for g in gens] == [("dog’s.", True, ["dog"])]
+    finally:
+        h.remove()
+
+
 # ------------------------------------------------------------------ no_repeat_ngram_size and token id 0
 def test_no_repeat_ngram_can_ban_token_id_zero(gpt2):
     model, tok = gpt2

@@ -9,8 +9,10 @@ from .neurologic import DecodingConfig, Generation, NeuroLogicDecoder
 # an older decoder wrote are decoded again on resume rather than mixed with new ones. Revision 3: on a CPU with a
 # small vocabulary the prune threshold is selected alone, so exactly tied log-probs may order differently.
 # Revision 4: the lookahead no longer proposes words that would break the clause order (positions), a one-literal
-# negative clause or a count limit, by a first token or by a continuation of the pending word.
-OUTPUT_REVISION = 4
+# negative clause or a count limit, by a first token or by a continuation of the pending word.  Revision 5: a space
+# or punctuation mark split over byte tokens (’ “ — on GPT-2's byte-level vocabulary, a byte-fallback no-break space
+# on Gemma) ends the word before it once complete, as the one-token mark does, instead of gluing the words around it.
+OUTPUT_REVISION = 5
 
 __all__ = ["Literal", "Clause", "CountConstraint", "DynamicClause", "ConstraintSet", "DecodingConfig",
            "NeuroLogicDecoder", "Generation", "ConstraintError", "split_words", "canonical_word", "word_variants",

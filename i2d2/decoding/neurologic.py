@@ -38,7 +38,7 @@ from i2d2.schemas import DecodingConfig
 
 from .compile import DEAD, NO_EVENT, OTHER, ROOT, Compiled, compile_batch
 from .constraints import ConstraintError, ConstraintSet, validate
-from .vocab import token_tables
+from .vocab import char_class, token_tables
 
 NEG = float("-inf")
 _KEEP_FIRST = 1e4  # ranking bonus (not a score) putting in-progress literal tokens first among lookahead tokens
@@ -101,9 +101,12 @@ class Generation:
 
 class _State:
     """Per-hypothesis tensors ([N, ...], N = prompts x beam).  ``ph_state``: the row of the phrases' automaton
-    (``Compiled.ph_next``), one for all of a prompt's phrases."""
+    (``Compiled.ph_next``), one for all of a prompt's phrases.  A character the text ends inside of (its bytes
+    split over tokens): ``pmiss`` its continuation bytes still to come (0: none), ``pbits`` its bits so far and
+    ``bnode`` the pending word's node before it (None where the tokenizer splits no character)."""
 
-    __slots__ = ("node", "ph_state", "ph_occ", "cpos", "cneg", "gcnt", "cmatch", "crank", "rctr", "cbad", "sat")
+    __slots__ = ("node", "ph_state", "ph_occ", "cpos", "cneg", "gcnt", "cmatch", "crank", "rctr", "cbad", "sat",
+                 "bnode", "pbits", "pmiss")
 
     def take(self, idx, n_flat):
         """Select rows ``idx`` of the candidate-level state flattened to ``n_flat`` rows."""
@@ -138,11 +141,23 @@ class NeuroLogicDecoder:
         T = self.tables
         V = self.vocab
         d = self.device
-        self.t_hassep = T.has_sep[:V].to(d)
-        self.t_lead = T.lead[:V].to(d)
-        self.t_tail = T.tail[:V].to(d)
-        self.t_inner = T.inner[:V].to(d)
-        self.t_ninner = (T.inner[:V] != 0).sum(-1).to(d)
+        # a character split over tokens ends the word before it once complete if it is a space or punctuation: the
+        # completing token is then read by its variant row (V or 2V past its id; token_tables), which the step picks
+        # by the completed character's class
+        self.split_chars = T.split_chars
+        size = T.empty.shape[0]
+        rows = (lambda x: torch.cat([x[r * size: r * size + V] for r in range(3)]).to(d)) if self.split_chars \
+            else (lambda x: x[:V].to(d))
+        self.t_hassep = rows(T.has_sep)
+        self.t_lead = rows(T.lead)
+        self.t_tail = rows(T.tail)
+        self.t_inner = rows(T.inner)
+        if self.split_chars:
+            self.t_before = rows(T.before)
+            self.t_utf8 = T.utf8[:V].reshape(V * 4, 5).to(d)  # row 4 * token + missing bytes of the pending char
+            # code point -> offset of the row to read; past U+10FFFF (bytes no valid character has) the token's own
+            cls = torch.cat([char_class(), torch.zeros((1 << 21) - 0x110000, dtype=torch.int8)])
+            self.char_row = (cls.to(torch.int32) * V).to(d)
         self.bias = torch.zeros(V, device=d)
         self.bias[T.banned[:V].to(d)] = NEG
         self.eos_ids = torch.tensor(T.eos_ids, device=d)
@@ -274,16 +289,31 @@ class NeuroLogicDecoder:
         """Word events of every (hypothesis, candidate) pair in text order, [E, N, C] (word id / NO_EVENT /
         OTHER), and the pending trie node after the candidate token."""
         N, C = cand.shape
+        chars = None
+        if lt["chars"]:  # the character the pending word ends inside of, completed or continued by the token
+            u = _take(self.t_utf8, torch.add(st.pmiss[:, None], cand, alpha=4))  # [N, C, 5]
+            x = torch.addcmul(u[..., 1], st.pbits[:, None], u[..., 0])  # its code point (< 0: none completes)
+            cand = cand + _take(self.char_row, x.clamp(min=0))  # a space / punctuation completed: the variant row
+            # the word before that mark ends at the node it had before the mark's first byte
+            base = torch.where(cand >= self.vocab, st.bnode[:, None], st.node[:, None])
+            ext, bext = self._lookup(cp, base, torch.stack([_take(self.t_lead, cand), _take(self.t_before, cand)]))
+            chars = (u, x, bext)
+        else:
+            ext = self._lookup(cp, st.node[:, None].expand(N, C), _take(self.t_lead, cand))
         hs = _take(self.t_hassep, cand)
-        ext = self._lookup(cp, st.node[:, None].expand(N, C), _take(self.t_lead, cand))
         node = torch.where(hs, _take(lt["tail_node"], cand), ext)
+        if chars is not None:  # after a separator, the word's text before an incomplete last character starts at ROOT
+            u, x, bext = chars
+            bnode = torch.where(hs, _take(lt["before_node"], cand), bext)
+            chars = (torch.where(u[..., 2] > 0, st.bnode[:, None], bnode), torch.addcmul(u[..., 3], x, u[..., 2]),
+                     u[..., 4])
         events = [torch.where(hs, _take(cp.node_word, ext), NO_EVENT)[None]]
         if lt["inner_ev"].shape[1]:
             events.append(_take(lt["inner_ev"], cand).permute(2, 0, 1))
         if final:  # the text ends: the pending word is complete
-            events.append(torch.where(_take(self.is_eos_v, cand), NO_EVENT, _take(cp.node_word, node))[None])
+            events.append(torch.where(_take(self.is_eos_v, cand % self.vocab), NO_EVENT, _take(cp.node_word, node))[None])
             node = torch.zeros_like(node)
-        return torch.cat(events) if len(events) > 1 else events[0], node
+        return torch.cat(events) if len(events) > 1 else events[0], node, chars
 
     @staticmethod
     def _phrase_step(cp: Compiled, state, col):
@@ -301,7 +331,7 @@ class NeuroLogicDecoder:
         """Advance the constraint state of every (hypothesis, candidate token) pair."""
         N, C = cand.shape
         Cl = cp.Cl
-        ev, node = self._events(cp, lt, st, cand, final)
+        ev, node, chars = self._events(cp, lt, st, cand, final)
         E = ev.shape[0]
         # single-word literals: per-word increment tables
         wl = cp.Wc1 - 1
@@ -446,7 +476,8 @@ class NeuroLogicDecoder:
         new = _State(node=node, ph_state=ph_state, ph_occ=ph_occ, cpos=cpos.clamp(max=1 << 20),
                      cneg=cneg.clamp(max=1 << 20) if has_neg else None, gcnt=gcnt.clamp(max=1 << 20),
                      cmatch=cmatch.expand(N, C, Cl),
-                     crank=crank, rctr=rctr, cbad=cbad, sat=satv)
+                     crank=crank, rctr=rctr, cbad=cbad, sat=satv, **dict(zip(("bnode", "pbits", "pmiss"),
+                                                                             chars or (None,) * 3)))
         return new, violated, pos_ok, all_sat, risky, tsat
 
     def _progress(self, cp: Compiled, lt, st: _State, sat):
@@ -608,6 +639,10 @@ class NeuroLogicDecoder:
             "inner_ev": self._inner_events(cp),
             # [V] the trie node a token's text after its last separator reaches from the root (-> DEAD if none)
             "tail_node": self._lookup(cp, torch.zeros_like(self.t_tail), self.t_tail),
+            # [3V] after a separator, the node of the word's text before an incomplete last character
+            "before_node": self._lookup(cp, torch.zeros_like(self.t_before), self.t_before) if self.split_chars else None,
+            # split characters are followed only where words matter: the batch has literal words (Wc1 - 1)
+            "chars": self.split_chars and cp.Wc1 > 1,
             "cont_tok": cp.node_cont_tok.clamp(min=0),  # a column with no continuation (word -3) is never proposed
             "cont_word": torch.where(cp.node_cont_word >= 0, cp.node_cont_word, cp.Wc1),
             "cl_index": torch.arange(Cl, device=d),
@@ -672,7 +707,9 @@ class NeuroLogicDecoder:
                     cpos=z(N, Cl), cneg=z(N, Cl) if cp.has_neg else None, gcnt=z(N, cp.G), cmatch=z(N, Cl) - 1,
                     crank=z(N, Cl), rctr=z(N),
                     cbad=torch.zeros(N, Cl, dtype=torch.bool, device=d),
-                    sat=(cp.neg_total[rep] > 0) & cp.cl_valid[rep])  # negative clauses hold on the empty text
+                    sat=(cp.neg_total[rep] > 0) & cp.cl_valid[rep],  # negative clauses hold on the empty text
+                    **({"bnode": z(N), "pbits": z(N), "pmiss": z(N)} if lt["chars"] else
+                       {"bnode": None, "pbits": None, "pmiss": None}))
         cum = torch.full((N,), NEG, device=d)
         cum[::K] = 0.0
         hist = torch.zeros(N, T_max, dtype=torch.long, device=d)
