@@ -338,3 +338,17 @@ def test_space_led_word_of_a_dynamic_clause_continues_after_its_own_space(gpt2):
         assert any(g.all_satisfied and "dog, Cheaper." in g.text for g in gens), [g.text for g in gens]
     finally:
         h.remove()
+
+
+def test_character_classes_split_text_as_the_word_pieces_do():
+    """A completed split character is read by its class: it must agree with ``_PIECE_RE``, which splits every
+    other text into words, for letters, digits, '_' (not a word character there), spaces and marks of any script."""
+    from i2d2.decoding.vocab import _PIECE_RE, char_class
+
+    cls = char_class()
+    assert cls.shape == (0x110000,)
+    for o in [*range(1, 0x3000), *range(0x3000, 0x110000, 97)]:
+        ch = chr(o)
+        want = 0 if _PIECE_RE.fullmatch(ch) and (ch.isalnum() and ch != "_") else 1 if ch.isspace() else 2
+        assert cls[o] == want, (hex(o), ch, int(cls[o]), want)
+    assert [int(cls[ord(c)]) for c in "a_ \u00a0’é9"] == [0, 2, 1, 1, 2, 0, 0]

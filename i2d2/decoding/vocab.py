@@ -84,13 +84,10 @@ def char_class() -> torch.Tensor:
     that completes no character looks."""
     global _CHAR_CLASS
     if _CHAR_CLASS is None:
+        every = "".join(map(chr, range(0x110000)))  # one regex pass over all code points (0.3 s, not a 2 s loop)
         cls = np.full(0x110000, 2, dtype=np.int8)
-        for o in range(0x110000):
-            ch = chr(o)
-            if ch.isalnum():
-                cls[o] = 0
-            elif ch.isspace():
-                cls[o] = 1
+        cls[[m.start() for m in re.finditer(r"[^\W_]", every)]] = 0  # the word pieces of _PIECE_RE
+        cls[[m.start() for m in re.finditer(r"\s", every)]] = 1
         cls[0] = 0
         _CHAR_CLASS = torch.from_numpy(cls)
     return _CHAR_CLASS
