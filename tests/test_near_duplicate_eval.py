@@ -58,6 +58,9 @@ def test_shipped_pairs_are_well_formed():
     drawn, population = defaultdict(int), {}
     for r in rows:
         assert r["split"] in ("dev", "test") and isinstance(r["same"], bool) and r["annotator"] == "maintainers"
+        # two labelling passes; the settled label is one of theirs (the same where they agree)
+        assert isinstance(r["same_1"], bool) and isinstance(r["same_2"], bool)
+        assert r["same"] in (r["same_1"], r["same_2"])
         assert r["a"] != r["b"] and -1 <= r["cosine"] <= 1 and isinstance(r["rule_merges"], bool)
         key = (r["split"], r["stratum"])
         drawn[key] += 1
