@@ -180,3 +180,90 @@ def test_a_character_split_over_byte_tokens_ends_the_word_only_if_no_letter(text
         h.remove()
     assert g.text == text.strip()
     assert g.all_satisfied == all_satisfied == reference(text, ConstraintSet([Clause([literal])]))[1], g
+
+
+def _bytes_tokenizer(tok, chunks):
+    """``tok`` (byte-level) with every byte string of ``chunks`` a vocabulary token of its own: token boundaries
+    anywhere inside or across characters, as a real byte-level vocabulary has some ("âĢ" + "Ļ", "Ã" + "©Ġ")."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from i2d2.decoding.vocab import _bytes_decoder
+
+    letter = {b: c for c, b in _bytes_decoder().items()}
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    for c in chunks:
+        vocab.setdefault("".join(letter[b] for b in c), max(vocab.values()) + 1)
+    out = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                  **{k: getattr(tok, k) for k in ("pad_token", "bos_token", "eos_token", "unk_token")})
+    out.padding_side = "left"
+    return out, lambda cs: [vocab["".join(letter[b] for b in c)] for c in cs]
+
+
+def test_characters_split_anywhere_over_byte_tokens_report_what_the_reference_computes():
+    """Texts of 2-, 3- and 4-byte characters (é, ’, nbsp, 中, an emoji: a mark) cut into tokens at random byte
+    boundaries: a character split 1+3, 2+2, 3+1, a token that completes one character and starts the next, a split
+    character first in the continuation or right after a space, a literal-free prompt in the batch, EOS after the
+    last byte. The decoder's clauses, counts and phrases must read the decoded text as the reference does."""
+    model, tok = tiny_model("gpt2")
+    rng = random.Random(3)
+    pieces = ["car", "dog", "s", "café", "park", " ", " ", ",", "🐶", "’", "“", "\u00a0", "×", "中", "é", "😀s"]
+    words = ["car", "dog", "s", "café", "park", "car park", "dog s", "caf", "s park", "cars"]
+    cases = []
+    for _ in range(96):
+        raw = (rng.choice([" ", ""]) + "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6)))).encode()
+        cuts = [0]
+        while cuts[-1] < len(raw):
+            cuts.append(min(len(raw), cuts[-1] + rng.randint(1, 4)))
+        cases.append((raw.decode(), [raw[a:b] for a, b in zip(cuts, cuts[1:])]))
+    tok, ids = _bytes_tokenizer(tok, [c for _, cs in cases for c in cs])
+    model.resize_token_embeddings(len(tok))
+    eos, forced = tok.eos_token_id, {}
+
+    def hook(mod, args, kwargs, out):
+        n = kwargs["input_ids"].shape[0]
+        step = forced["step"] = 0 if kwargs["input_ids"].shape[1] > 1 or forced["step"] is None else forced["step"] + 1
+        logits = torch.full((n, 1, out.logits.shape[-1]), float("-inf"))
+        for r, seq in enumerate(forced["seqs"]):
+            logits[r, -1, seq[step] if step < len(seq) else eos] = 0.0
+        out.logits = logits
+        return out
+
+    h = model.register_forward_hook(hook, with_kwargs=True)
+    checked = 0
+    try:
+        for i in range(0, len(cases), 4):
+            batch = cases[i:i + 4]
+            sets = []
+            for _ in batch:
+                cs = ConstraintSet([])  # a prompt with no literal words beside ones with them
+                if rng.random() < 0.8:
+                    cs = ConstraintSet([Clause([Literal(rng.choice(words), rng.random() < 0.7)
+                                                for _ in range(rng.randint(1, 2))]) for _ in range(rng.randint(1, 3))],
+                                       [CountConstraint([rng.choice(words)], rng.randint(0, 1))] * (rng.random() < 0.3))
+                    try:
+                        validate(cs, lambda t: tok.encode(t, add_special_tokens=False))
+                    except ConstraintError:
+                        cs = ConstraintSet([Clause([Literal(rng.choice(words))])])
+                sets.append(cs)
+            seqs = [ids(cs) + [eos] * (rng.random() < 0.5) for _, cs in batch]
+            forced["seqs"], forced["step"] = seqs, None
+            cfg = DecodingConfig(beam_size=1, num_return=1, max_new_tokens=max(map(len, seqs)), min_new_tokens=0,
+                                 prune_factor=50, sat_tolerance=3, block_eos_until_satisfied=False,
+                                 early_stopping=False, batch_size=4)
+            out = NeuroLogicDecoder(model, tok, cfg).decode([rng.choice(["People say", "A"]) for _ in batch], sets)
+            for (text, _), cs, gens in zip(batch, sets, out):
+                sat, all_sat, matched = reference(text, cs)
+                if not gens:
+                    assert not all_sat, (text, cs)
+                    continue
+                g = gens[0]
+                assert (g.text, g.satisfied, g.all_satisfied, g.matched) == (text.strip(), sat, all_sat, matched), \
+                    (text, cs, g)
+                checked += 1
+    finally:
+        h.remove()
+    assert checked > 80
