@@ -13,6 +13,11 @@ labels and for valid/invalid (only ``true`` is valid, as for the critic):
     both label alike.
 
   python scripts/label_agreement.py --scores runs/i2d2/iter_0/critic/test_scores.jsonl
+
+The comparatives labels (the paper's six; only ``True`` valid, ``Too unfamiliar to judge`` left out, as for the
+knowledge discriminator) and their blind second pass:
+
+  python scripts/label_agreement.py --comparatives [--scores <run>/iter_0/critic/test_scores.jsonl]
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 ANNOTATIONS = ROOT / "i2d2" / "data" / "annotations"
+COMPARATIVES = ROOT / "i2d2" / "data" / "comparatives"
+# (first labels, second pass, the valid label, the label neither trains nor evaluates) of each bundled label set
+LABEL_SETS = {
+    "generics": (ANNOTATIONS / "generics_gemma.jsonl", ANNOTATIONS / "generics_gemma.second_pass.jsonl", "true",
+                 "dont_know"),
+    "comparatives": (COMPARATIVES / "annotations_gemma.jsonl", COMPARATIVES / "annotations_gemma.second_pass.jsonl",
+                     "True", "Too unfamiliar to judge"),
+}
 
 
 def paired_labels(first_path: Path, second_path: Path, sample: str | None) -> list[tuple[str, str, str]]:
@@ -54,10 +67,12 @@ def critic_scores(path: Path) -> dict[str, float]:
     return {r["statement"]: float(r["critic_score"]) for r in read_jsonl(path, required=("statement", "critic_score"))}
 
 
-def agreement(pairs, scores: dict[str, float] | None = None) -> dict:
+def agreement(pairs, scores: dict[str, float] | None = None, valid: str = "true", left_out: str = "dont_know") -> dict:
+    """Agreement of the (statement, first, second) label ``pairs``, ``left_out`` by either dropped; ``valid`` is the
+    one label a critic keeps."""
     from sklearn.metrics import average_precision_score, cohen_kappa_score
 
-    pairs = [p for p in pairs if "dont_know" not in (p[1], p[2])]
+    pairs = [p for p in pairs if left_out not in (p[1], p[2])]
     if scores is not None:  # the statements the critic scored: its test split
         from critics.train import canonical_statement
 
@@ -65,10 +80,10 @@ def agreement(pairs, scores: dict[str, float] | None = None) -> dict:
         if not pairs:
             raise SystemExit("--scores scored none of the twice-judged statements: pass the test_scores.jsonl of a "
                              "critic trained on the default split")
-    a = np.array([p[1] == "true" for p in pairs])
-    b = np.array([p[2] == "true" for p in pairs])
+    a = np.array([p[1] == valid for p in pairs])
+    b = np.array([p[2] == valid for p in pairs])
     out = {
-        "n": len(pairs), "valid_rate_first": float(a.mean()), "valid_rate_second": float(b.mean()),
+        "n": len(pairs), "n_labels": len({p[1] for p in pairs} | {p[2] for p in pairs}), "valid_rate_first": float(a.mean()), "valid_rate_second": float(b.mean()),
         "agreement_labels": float(np.mean([p[1] == p[2] for p in pairs])),
         "kappa_labels": float(cohen_kappa_score([p[1] for p in pairs], [p[2] for p in pairs])),
         "agreement_valid": float((a == b).mean()), "kappa_valid": float(cohen_kappa_score(a, b)),
@@ -89,21 +104,24 @@ def agreement(pairs, scores: dict[str, float] | None = None) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--first", type=Path, default=ANNOTATIONS / "generics_gemma.jsonl")
-    ap.add_argument("--second", type=Path, default=ANNOTATIONS / "generics_gemma.second_pass.jsonl")
+    ap.add_argument("--comparatives", action="store_true",
+                    help="the comparatives label set (i2d2/data/comparatives) instead of the generics one")
+    ap.add_argument("--first", type=Path, default=None, help="default: the chosen label set's labels")
+    ap.add_argument("--second", type=Path, default=None, help="default: the chosen label set's second pass")
     ap.add_argument("--sample", default=None, help="only this part of the second pass (random | test_split)")
     ap.add_argument("--scores", type=Path, default=None, help="a critic's test_scores.jsonl")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    first, second, valid, left_out = LABEL_SETS["comparatives" if args.comparatives else "generics"]
     try:  # a missing file or a broken row (DataError, naming file:line) was a traceback
-        pairs = paired_labels(args.first, args.second, args.sample)
+        pairs = paired_labels(args.first or first, args.second or second, args.sample)
         scores = critic_scores(args.scores) if args.scores else None
     except (ValueError, OSError) as e:
         ap.error(str(e))
-    res = agreement(pairs, scores)
+    res = agreement(pairs, scores, valid, left_out)
     print(f"{res['n']} statements judged twice ({args.sample or 'all samples'}); valid rate {res['valid_rate_first']:.3f}"
           f" / {res['valid_rate_second']:.3f}")
-    print(f"seven labels:  agreement {res['agreement_labels']:.3f}  kappa {res['kappa_labels']:.3f}")
+    print(f"{res['n_labels']} labels:  agreement {res['agreement_labels']:.3f}  kappa {res['kappa_labels']:.3f}")
     print(f"valid/invalid: agreement {res['agreement_valid']:.3f}  kappa {res['kappa_valid']:.3f}")
     print(f"second labeller as a ranker of the first's labels: precision {res['second_precision']:.3f} "
           f"({res['second_n_valid']} of {res['n']} kept), recall {res['second_recall']:.3f}, AP {res['second_ap']:.3f}")

@@ -509,3 +509,24 @@ def test_both_label_set_scripts_share_one_labelling_round(tmp_path, scripts):
         labelled_items(tmp_path)
     write_jsonl(tmp_path / "chunks" / "chunk_1.labels.jsonl", [{"id": 4, "label": "False"}, {"id": 3, "label": "True"}])
     assert labelled_items(tmp_path) == [(r, "False" if i == 4 else "True") for i, r in enumerate(items)]
+
+
+def test_label_agreement_reads_the_comparatives_second_pass(scripts, capsys):
+    """The comparatives labels' blind second pass covers every labelled statement once, with the paper's six labels;
+    --comparatives measures agreement with True as the one valid label and Too unfamiliar left out, and the measure
+    can fail (labels paired with another statement's agree by chance only)."""
+    import label_agreement
+
+    first, second, valid, left_out = label_agreement.LABEL_SETS["comparatives"]
+    six = {"True", "False", "Invalid", "Too vague to judge", "Too subjective to judge", "Too unfamiliar to judge"}
+    rows = [json.loads(line) for line in second.open()]
+    assert sorted(r["statement"] for r in rows) == sorted(json.loads(line)["statement"] for line in first.open())
+    assert {r["label"] for r in rows} == six and all("blind" in r["annotator"] for r in rows)
+    res = label_agreement.main(["--comparatives"])
+    pairs = label_agreement.paired_labels(first, second, None)
+    assert res["n"] == sum(left_out not in p[1:] for p in pairs) and res["n_labels"] == 5
+    assert 0.6 < res["kappa_valid"] <= 1 and res["second_n_valid"] == sum(p[2] == valid for p in pairs
+                                                                          if left_out not in p[1:])
+    assert "5 labels:" in capsys.readouterr().out
+    shuffled = [(s, a, b) for (s, a, _), (_, _, b) in zip(pairs, pairs[1:] + pairs[:1])]
+    assert abs(label_agreement.agreement(shuffled, None, valid, left_out)["kappa_valid"]) < 0.2
