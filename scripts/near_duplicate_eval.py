@@ -29,8 +29,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-MNR_BLEU = 0.85  # report.mnr_bleu's default
 PAIRS = ROOT / "i2d2/data/annotations/near_duplicate_pairs.jsonl"
+
+
+def recapture_bleu() -> float:
+    """The default run's mark-and-recapture BLEU threshold (``task.report.mnr_bleu``, conf/task/i2d2.yaml)."""
+    from omegaconf import OmegaConf
+
+    return float(OmegaConf.select(OmegaConf.load(ROOT / "conf/task/i2d2.yaml"), "task.report.mnr_bleu"))
 
 
 def arrays(rows) -> dict:
@@ -78,6 +84,7 @@ def choose_threshold(cols: dict, with_rule: bool, min_precision: float) -> float
 def evaluate(rows, min_precision: float = 0.9) -> dict:
     """{"thresholds": {method: t}, "dev"/"test": {method: weighted_pr}} for rule, cosine, rule|cosine, bleu>0.85."""
     cols = {s: arrays([r for r in rows if r["split"] == s]) for s in ("dev", "test")}
+    mnr_bleu = recapture_bleu()
     ts = {"cosine": choose_threshold(cols["dev"], False, min_precision),
           "rule|cosine": choose_threshold(cols["dev"], True, min_precision)}
     out = {"thresholds": ts}
@@ -85,7 +92,7 @@ def evaluate(rows, min_precision: float = 0.9) -> dict:
         out[s] = {"rule": weighted_pr(c["rule"], c["same"], c["weight"]),
                   "cosine": weighted_pr(predict(c, ts["cosine"], False), c["same"], c["weight"]),
                   "rule|cosine": weighted_pr(predict(c, ts["rule|cosine"], True), c["same"], c["weight"]),
-                  "bleu>0.85": weighted_pr(c["bleu"] > MNR_BLEU, c["same"], c["weight"]),
+                  "bleu>0.85": weighted_pr(c["bleu"] > mnr_bleu, c["same"], c["weight"]),
                   "n_pairs": len(c["same"]), "n_same": int(c["same"].sum()),
                   "population": float(sum({(r["stratum"]): r["stratum_population"]
                                            for r in rows if r["split"] == s}.values()))}
