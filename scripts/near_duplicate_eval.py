@@ -106,7 +106,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from i2d2.io import read_jsonl
 
-    res = evaluate(read_jsonl(args.pairs), args.min_precision)
+    try:  # a missing file, a broken row or a missing field: named (file:line), not a traceback
+        rows = read_jsonl(args.pairs, required=("split", "a", "b", "same", "cosine", "rule_merges", "stratum",
+                                                 "stratum_population"))
+    except (ValueError, OSError) as e:
+        ap.error(str(e))
+    res = evaluate(rows, args.min_precision)
     fmt = lambda v: "  n/a" if v is None else f"{v:5.3f}"  # noqa: E731
     print(f"thresholds chosen on dev (weighted precision >= {args.min_precision}): {res['thresholds']}")
     for s in ("dev", "test"):

@@ -66,3 +66,13 @@ def test_shipped_pairs_are_well_formed():
         drawn[key] += 1
         assert population.setdefault(key, r["stratum_population"]) == r["stratum_population"]
     assert all(drawn[k] <= population[k] for k in drawn)
+
+
+def test_a_missing_or_broken_pairs_file_is_named_without_a_traceback(E, tmp_path, capsys):
+    (tmp_path / "broken.jsonl").write_text('{"split": "dev"\n')
+    (tmp_path / "short.jsonl").write_text('{"split": "dev", "a": "Birds fly."}\n')
+    for name, said in (("none.jsonl", "No such file"), ("broken.jsonl", "broken.jsonl:1:"),
+                       ("short.jsonl", "short.jsonl:1: missing field(s) b, same")):
+        with pytest.raises(SystemExit) as e:
+            E.main(["--pairs", str(tmp_path / name)])
+        assert e.value.code == 2 and said in capsys.readouterr().err
